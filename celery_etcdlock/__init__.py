@@ -1,0 +1,36 @@
+"""Cluster-wide locks for Celery on etcd: singleton tasks, read-write locked tasks,
+and celery beat on many hosts with exactly one leader sending.
+
+    from celery_etcdlock import connect, Mutex
+
+    client = connect("etcd://127.0.0.1:2379")
+    with Mutex(client, "reports/daily", ttl=10) as lock:
+        print("holding", lock.token)
+"""
+
+from .connect import connect
+from .errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    EtcdLockError,
+    LockLost,
+    NotHeld,
+    TaskLocked,
+    UnsupportedServer,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationFailed",
+    "BackendError",
+    "BackendUnavailable",
+    "EtcdLockError",
+    "LockLost",
+    "NotHeld",
+    "TaskLocked",
+    "UnsupportedServer",
+    "connect",
+    "__version__",
+]

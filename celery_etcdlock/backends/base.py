@@ -1,0 +1,220 @@
+"""The small interface every etcd backend implements.
+
+The primitives (mutex, read-write lock, election) and the Celery layer are
+written against this interface only, never against python-etcd or etcd3gw,
+so that the etcd v2 and v3 backends are interchangeable.
+
+Vocabulary:
+
+- A *queue* is a directory (v2) or key prefix (v3) of *entries*, one per
+  acquisition request, ordered by creation. An entry's ``token`` is its
+  creation number (``createdIndex`` / ``create_revision``): strictly
+  increasing, so it is both the queue order and the fencing token.
+- A *lease* keeps a group of entries alive. In v3 it is a real etcd lease;
+  in v2 it is the group of keys that one refresh round renews. Only the
+  session (``celery_etcdlock.session``) uses leases.
+- A *record* is a plain JSON document at a known key, written with a
+  compare-and-swap (beat schedule state, enqueue markers).
+
+Every key passed in or out is *relative to the client's prefix*: backends
+add and strip the prefix, so nothing outside a backend can reach outside it.
+All values are JSON objects (``dict``); nothing else is ever stored.
+
+Each method is one logical etcd operation, already wrapped in the retry
+policy: it either succeeds, returns its documented "no" answer, or raises
+``BackendUnavailable`` / another ``BackendError``.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One request in a queue, as stored in etcd."""
+
+    key: str  # relative to the prefix, e.g. "locks/reports~2Fdaily/00000000000000000042"
+    token: int  # creation number: queue order and fencing token
+    value: dict[str, Any]
+    raw: str = field(repr=False, compare=False, default="")  # the exact stored text
+
+    @property
+    def mode(self) -> str:
+        return str(self.value.get("mode", "write"))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A queue read in creation order, and the revision the read saw."""
+
+    entries: list[Entry]
+    revision: int  # watch from revision + 1 to miss nothing after this read
+
+    def find(self, token: int) -> Entry | None:
+        for entry in self.entries:
+            if entry.token == token:
+                return entry
+        return None
+
+
+@dataclass(frozen=True)
+class Record:
+    """A JSON document at a fixed key, with the version a compare-and-swap needs."""
+
+    key: str
+    value: dict[str, Any]
+    version: int  # modifiedIndex (v2) / mod_revision (v3)
+    ttl: float | None = None  # seconds left, for keys that expire
+
+
+class WaitResult(enum.Enum):
+    GONE = "gone"  # the watched entry was deleted or expired
+    TIMEOUT = "timeout"  # nothing happened within the timeout; watch again from the same revision
+    STALE = "stale"  # the revision is too old to watch from (compacted, v2's 1000 events): read again
+
+
+class LeaseExpired(Exception):
+    """The lease an entry was to be created with no longer exists (v3); grant a new one."""
+
+
+class Lease(abc.ABC):
+    """What keeps a group of entries alive; created by ``Backend.grant``."""
+
+    ttl: float
+    expired: bool = False  # set by keep_alive when the server no longer knows the lease
+
+    @property
+    @abc.abstractmethod
+    def id(self) -> str:
+        """A short printable id, for logs."""
+
+
+def encode_json(value: dict[str, Any]) -> str:
+    # sort_keys: the same document always has the same text, which v2 compares
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def decode_json(text: str | bytes | None) -> dict[str, Any]:
+    """Decode a stored value; anything that is not a JSON object reads as {}."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class Backend(abc.ABC):
+    """One etcd API version. Thread-safe; one instance per ``connect()``."""
+
+    #: the URL scheme(s) this backend serves, e.g. ("etcd", "etcds")
+    schemes: tuple[str, ...] = ()
+
+    endpoints: tuple[str, ...]
+    prefix: str
+
+    # -- leases -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def grant(self, ttl: float) -> Lease:
+        """A new lease of ``ttl`` seconds (v2: local bookkeeping only)."""
+
+    @abc.abstractmethod
+    def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
+        """Renew ``lease`` and the ``entries`` it carries, within ``timeout`` seconds.
+
+        Returns the keys of the entries found gone (all of them if the
+        lease itself is gone). Raises ``BackendUnavailable`` if the renewal
+        could not be made; the caller keeps its own deadline.
+        """
+
+    @abc.abstractmethod
+    def revoke(self, lease: Lease) -> None:
+        """Drop the lease and whatever it still carries (best effort)."""
+
+    @property
+    def creating_renews(self) -> bool:
+        """True if creating an entry gives it a full ttl of its own (v2).
+
+        In v3 an entry lives only as long as the lease's last renewal.
+        """
+        return False
+
+    # -- queues -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_entry(self, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
+        """Append a new entry to ``queue``, kept alive by ``lease``.
+
+        Raises ``LeaseExpired`` if the lease is gone on the server.
+        """
+
+    @abc.abstractmethod
+    def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
+        """The queue's entries in creation order.
+
+        ``fresh=True`` asks for a linearizable read even where a cheaper
+        read is normally good enough.
+        """
+
+    @abc.abstractmethod
+    def wait_gone(self, entry: Entry, after_revision: int, timeout: float) -> WaitResult:
+        """Block until ``entry`` is deleted or expires, watching from ``after_revision + 1``."""
+
+    @abc.abstractmethod
+    def delete_entry(self, entry: Entry) -> bool:
+        """Delete ``entry`` only if it is still the one we created. False if it was gone."""
+
+    @abc.abstractmethod
+    def list_queues(self, namespace: str) -> dict[str, list[Entry]]:
+        """Every non-empty queue directly under ``namespace``, keyed by queue key."""
+
+    def forget_queue(self, queue: str) -> None:  # noqa: B027 - optional hook
+        """Remove the queue's container if it is empty (v2 directories). Best effort."""
+
+    # -- records ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def get_record(self, key: str) -> Record | None:
+        """The record at ``key``, or None."""
+
+    @abc.abstractmethod
+    def put_record(
+        self,
+        key: str,
+        value: dict[str, Any],
+        *,
+        expect: Record | None,
+        fence: Entry | None = None,
+        ttl: float | None = None,
+    ) -> Record | None:
+        """Compare-and-swap a record.
+
+        Writes only if the key still is ``expect`` (same version), or does
+        not exist when ``expect`` is None; in v3 also only if ``fence``
+        still exists with its token. ``ttl`` makes the record expire.
+        Returns the new record, or None if a compare failed.
+        """
+
+    @abc.abstractmethod
+    def delete_record(self, key: str, expect: Record | None = None) -> bool:
+        """Delete ``key`` (only if unchanged since ``expect``, when given). False if it was not."""
+
+    @abc.abstractmethod
+    def list_records(self, directory: str) -> list[Record]:
+        """Every record directly under ``directory``."""
+
+    # -- process life -------------------------------------------------------
+
+    @abc.abstractmethod
+    def after_fork(self) -> None:
+        """Drop connections inherited from a parent process; open new ones lazily."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

@@ -1,0 +1,51 @@
+"""Every error this package raises derives from :class:`EtcdLockError`.
+
+Bad arguments raise the built-in ``ValueError`` or ``TypeError`` instead,
+naming the argument, as Python code usually does.
+"""
+
+from __future__ import annotations
+
+
+class EtcdLockError(Exception):
+    """Base class of every error raised by celery_etcdlock."""
+
+
+class BackendError(EtcdLockError):
+    """etcd answered, but not in a way we can work with."""
+
+
+class BackendUnavailable(BackendError):
+    """etcd could not be reached: the retry policy gave up.
+
+    ``endpoints`` names what was tried; ``__cause__`` is the last failure.
+    """
+
+    def __init__(self, message: str, endpoints: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.endpoints = endpoints
+
+
+class UnsupportedServer(BackendError):
+    """The server does not speak the API the URL's scheme asks for."""
+
+
+class AuthenticationFailed(BackendError):
+    """etcd refused the credentials, or the user lacks permission."""
+
+
+class LockLost(EtcdLockError):
+    """A lock was lost while it was held (its lease ran out, or it was deleted)."""
+
+
+class NotHeld(EtcdLockError):
+    """release() of a lock this object does not hold."""
+
+
+class TaskLocked(EtcdLockError):
+    """A singleton task found its lock taken and ``on_conflict="raise"``."""
+
+    def __init__(self, message: str, lock_name: str = "", holder: object = None) -> None:
+        super().__init__(message)
+        self.lock_name = lock_name
+        self.holder = holder

@@ -1,0 +1,54 @@
+"""How user-given names map to etcd keys.
+
+Every key this package writes lives under the client's prefix, in one of a
+few namespaces. A name is encoded into a single key segment made only of
+``[A-Za-z0-9_-]`` and ``~XX`` escapes (the UTF-8 bytes of anything else), so
+``"a/b"``, ``".."``, ``"a b"`` and ``"é"`` each get their own key and no
+name can climb out of its namespace or collide with another name.
+
+    >>> encode_name("reports/daily")
+    'reports~2Fdaily'
+    >>> decode_name("reports~2Fdaily")
+    'reports/daily'
+"""
+
+from __future__ import annotations
+
+import re
+
+LOCKS = "locks"  # Mutex and RWLock queues (a Mutex is the write side of the RWLock of its name)
+ELECTIONS = "elections"  # Election queues
+RECORDS = "records"  # JSON documents: beat schedule state, enqueue markers
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_ESCAPE = re.compile(r"~([0-9A-F]{2})")
+
+
+def encode_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("name must be a non-empty string")
+    return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in name.encode("utf-8"))
+
+
+def decode_name(segment: str) -> str:
+    raw = bytearray()
+    i = 0
+    while i < len(segment):
+        match = _ESCAPE.match(segment, i)
+        if match:
+            raw.append(int(match.group(1), 16))
+            i = match.end()
+        else:
+            raw.extend(segment[i].encode("utf-8"))
+            i += 1
+    return raw.decode("utf-8", errors="replace")
+
+
+def queue_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{encode_name(name)}"
+
+
+def record_key(kind: str, name: str) -> str:
+    return f"{RECORDS}/{encode_name(kind)}/{encode_name(name)}"

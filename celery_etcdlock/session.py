@@ -1,0 +1,282 @@
+"""Sessions: what keeps a process's queue entries alive, and says when they are not.
+
+As in etcd's ``concurrency`` package, a process has one session per client
+and TTL, and one background thread (the renewer) renews every session of
+the process, whatever the number of locks held or waited for. In v3 a
+session is one lease, kept alive every ttl/3; in v2 it is the group of keys
+that each renewal round refreshes (``refresh=true``, which wakes no watcher).
+
+The session keeps a local deadline: the *send* time (monotonic clock) of the
+last renewal that succeeded, plus the TTL, minus a safety margin. The server
+cannot expire the entries before that moment, so a holder that checks the
+deadline steps down before anyone else can step in. When the deadline
+passes, or a renewal finds an entry gone, every claim concerned is marked
+lost at once and its ``on_lost`` callback runs (on the renewer thread).
+
+    session = client.session(ttl=10)
+    claim = session.join("locks/x", {"mode": "write"}, on_lost=print)
+    claim.alive        # False once lost, or in a forked child
+    session.leave(claim)
+
+Sessions do not survive ``fork()``: the child starts with none and builds
+its own on first use (see ``Client``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from celery.utils.log import get_logger
+
+from . import retry
+from .backends.base import Backend, Entry, Lease, LeaseExpired
+from .errors import BackendError
+
+logger = get_logger(__name__)
+
+
+def safety_margin(ttl: float) -> float:
+    """How long before the server could expire an entry its holder gives up on it.
+
+    Covers clock-rate differences and the time a renewal takes to be applied.
+    """
+    return min(max(0.1, 0.05 * ttl), ttl / 4)
+
+
+class Claim:
+    """One entry this process created and keeps alive until it leaves."""
+
+    def __init__(self, session: Session, queue: str, entry: Entry, on_lost: Callable[[str], None] | None) -> None:
+        self.session = session
+        self.queue = queue
+        self.entry = entry
+        self.on_lost = on_lost
+        self.pid = os.getpid()
+        self.lost_reason: str | None = None
+        self.lost = threading.Event()
+
+    @property
+    def alive(self) -> bool:
+        return (
+            not self.lost.is_set()
+            and self.pid == os.getpid()
+            and time.monotonic() < self.session.deadline
+        )
+
+    def __repr__(self) -> str:
+        return f"<Claim {self.entry.key} token={self.entry.token} alive={self.alive}>"
+
+
+class Session:
+    """The entries one process holds or queues with one TTL, on one client."""
+
+    def __init__(self, backend: Backend, ttl: float, retry_max_delay: float) -> None:
+        self.backend = backend
+        self.ttl = ttl
+        self.margin = safety_margin(ttl)
+        self.retry_max_delay = retry_max_delay
+        self._mutex = threading.Lock()
+        self._lease: Lease | None = None
+        self._claims: dict[str, Claim] = {}
+        self.deadline = 0.0  # monotonic; entries cannot expire on the server before it
+        self.next_renewal = float("inf")
+
+    # -- used by the primitives ---------------------------------------------
+
+    def join(self, queue: str, value: dict[str, Any], on_lost: Callable[[str], None] | None = None) -> Claim:
+        """Create a new entry in ``queue`` and keep it alive until ``leave``."""
+        for _attempt in range(3):
+            lease = self._current_lease()
+            sent = time.monotonic()
+            try:
+                entry = self.backend.create_entry(queue, value, lease)
+            except LeaseExpired:
+                with self._mutex:
+                    if self._lease is lease:
+                        self._expire("its lease expired on the server")
+                continue
+            with self._mutex:
+                if self.backend.creating_renews and not self._claims:
+                    self._restart_clock(sent)
+                claim = Claim(self, queue, entry, on_lost)
+                self._claims[entry.key] = claim
+                # an idle session was not being renewed: resume ttl/3 after the last renewal
+                self.next_renewal = min(self.next_renewal, self.deadline + self.margin - self.ttl * 2 / 3)
+            _renewer().schedule(self)
+            return claim
+        raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
+
+    def leave(self, claim: Claim) -> bool:
+        """Stop renewing ``claim`` and delete its entry (guarded). False if it was already gone."""
+        with self._mutex:
+            self._claims.pop(claim.entry.key, None)
+        if claim.pid != os.getpid():
+            return False  # a parent's entry, inherited through fork: not ours to delete
+        try:
+            return self.backend.delete_entry(claim.entry)
+        except BackendError as exc:
+            logger.warning("could not delete %s (%s); it expires within %ss", claim.entry.key, exc, self.ttl)
+            return False
+
+    # -- used by the renewer ------------------------------------------------
+
+    def renew(self) -> None:
+        with self._mutex:
+            claims = list(self._claims.values())
+            lease = self._lease
+            if not claims or lease is None:
+                self.next_renewal = float("inf")
+                return
+            if time.monotonic() >= self.deadline:
+                self._expire(f"no renewal succeeded within its {self.ttl}s TTL")
+                return
+            deadline = self.deadline
+        sent = time.monotonic()
+        try:
+            gone = retry.run(
+                retry.renewal_policy(deadline, f"renewal of {len(claims)} entries (lease {lease.id})"),
+                lambda: self.backend.keep_alive(
+                    lease, [c.entry for c in claims], timeout=max(0.05, min(deadline - time.monotonic(), self.ttl / 3))
+                ),
+                self.backend.endpoints,
+            )
+        except BackendError as exc:
+            with self._mutex:
+                if time.monotonic() >= self.deadline:
+                    self._expire(f"renewal failed until its deadline: {exc}")
+                else:
+                    logger.warning("renewal of lease %s failed (%s); trying again", lease.id, exc)
+                    self.next_renewal = time.monotonic() + min(0.5, self.ttl / 10)
+            return
+        with self._mutex:
+            if self._lease is not lease:
+                return
+            self._restart_clock(sent)
+            for key in gone:
+                claim = self._claims.pop(key, None)
+                if claim is not None:
+                    self._mark_lost(claim, "its key was deleted or expired")
+            if lease.expired:
+                self._lease = None  # the next join grants a new one
+
+    def drop_all(self) -> None:
+        """Forget every claim without marking it lost (after fork: they are the parent's)."""
+        self._mutex = threading.Lock()  # another thread may have held it at the fork
+        with self._mutex:
+            self._claims.clear()
+            self._lease = None
+            self.next_renewal = float("inf")
+
+    def close(self) -> None:
+        with self._mutex:
+            claims = list(self._claims.values())
+            lease, self._lease = self._lease, None
+            self._claims.clear()
+            self.next_renewal = float("inf")
+        for claim in claims:
+            self._mark_lost(claim, "its session was closed")
+        if lease is not None:
+            try:
+                self.backend.revoke(lease)
+            except BackendError as exc:
+                logger.warning("could not revoke lease %s: %s", lease.id, exc)
+
+    # -- internals (called with self._mutex held) -----------------------------
+
+    def _current_lease(self) -> Lease:
+        with self._mutex:
+            if self._lease is not None and (self._claims or time.monotonic() < self.deadline or self.backend.creating_renews):
+                return self._lease
+        sent = time.monotonic()
+        lease = self.backend.grant(self.ttl)
+        with self._mutex:
+            if self._lease is None or not self._claims:
+                self._lease = lease
+                self._restart_clock(sent)
+            return self._lease
+
+    def _restart_clock(self, sent: float) -> None:
+        self.deadline = sent + self.ttl - self.margin
+        self.next_renewal = sent + self.ttl / 3
+
+    def _expire(self, reason: str) -> None:
+        claims = list(self._claims.values())
+        self._claims.clear()
+        self._lease = None
+        self.next_renewal = float("inf")
+        for claim in claims:
+            self._mark_lost(claim, reason)
+
+    def _mark_lost(self, claim: Claim, reason: str) -> None:
+        if claim.lost.is_set():
+            return
+        claim.lost_reason = reason
+        claim.lost.set()
+        if claim.on_lost is not None:
+            try:
+                claim.on_lost(reason)
+            except Exception:
+                logger.exception("on_lost callback for %s raised", claim.entry.key)
+
+
+class Renewer:
+    """The one thread per process that renews every session when it is due."""
+
+    def __init__(self) -> None:
+        self._wakeup = threading.Condition()
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._thread = threading.Thread(target=self._run, name="etcdlock-renewer", daemon=True)
+        self._thread.start()
+
+    def schedule(self, session: Session) -> None:
+        with self._wakeup:
+            self._sessions.add(session)
+            self._wakeup.notify()
+
+    def _run(self) -> None:
+        tiebreak = itertools.count()
+        while True:
+            with self._wakeup:
+                due = [(s.next_renewal, next(tiebreak), s) for s in self._sessions]
+                heapq.heapify(due)
+                now = time.monotonic()
+                if not due or due[0][0] > now:
+                    wait = (due[0][0] - now) if due and due[0][0] != float("inf") else None
+                    self._wakeup.wait(timeout=wait)
+                    continue
+            for when, _, session in due:
+                if when > time.monotonic():
+                    break
+                try:
+                    session.renew()
+                except Exception:  # the renewer must never die: every lock depends on it
+                    logger.exception("renewal of a session failed unexpectedly")
+                    session.next_renewal = time.monotonic() + 0.5
+
+
+_renewer_instance: Renewer | None = None
+_renewer_lock = threading.Lock()
+
+
+def _renewer() -> Renewer:
+    global _renewer_instance
+    with _renewer_lock:
+        if _renewer_instance is None:
+            _renewer_instance = Renewer()
+        return _renewer_instance
+
+
+def _forget_renewer_after_fork() -> None:
+    global _renewer_instance, _renewer_lock
+    _renewer_instance = None  # the thread did not survive the fork
+    _renewer_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_renewer_after_fork)

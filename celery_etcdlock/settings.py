@@ -1,0 +1,85 @@
+"""The ``etcdlock_*`` settings, read from a Celery app's configuration.
+
+    app.conf.etcdlock_url = "etcd3://etcd-1:2379,etcd-2:2379"
+    client = client_for(app)      # one per process and configuration, created lazily
+
+| setting                    | default                 |
+| -------------------------- | ----------------------- |
+| ``etcdlock_url``           | ``etcd://127.0.0.1:2379`` |
+| ``etcdlock_prefix``        | ``/celery-etcdlock``    |
+| ``etcdlock_ttl``           | ``30`` (seconds)        |
+| ``etcdlock_beat_ttl``      | ``10`` (seconds)        |
+| ``etcdlock_retry_max_delay`` | ``30`` (seconds)      |
+
+The client is shared by every task and the beat scheduler of the process; it
+rebuilds its connections and sessions by itself in a forked child.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .client import Client
+from .connect import DEFAULT_PREFIX, DEFAULT_RETRY_MAX_DELAY, connect
+
+DEFAULTS: dict[str, Any] = {
+    "etcdlock_url": "etcd://127.0.0.1:2379",
+    "etcdlock_prefix": DEFAULT_PREFIX,
+    "etcdlock_ttl": 30,
+    "etcdlock_beat_ttl": 10,
+    "etcdlock_retry_max_delay": DEFAULT_RETRY_MAX_DELAY,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str
+    prefix: str
+    ttl: float
+    beat_ttl: float
+    retry_max_delay: float
+
+    @classmethod
+    def from_app(cls, app: Any) -> Settings:
+        conf = app.conf
+
+        def get(name: str) -> Any:
+            value = conf.get(name)
+            return DEFAULTS[name] if value is None else value
+
+        return cls(
+            url=str(get("etcdlock_url")),
+            prefix=str(get("etcdlock_prefix")),
+            ttl=check_ttl(get("etcdlock_ttl"), "etcdlock_ttl"),
+            beat_ttl=check_ttl(get("etcdlock_beat_ttl"), "etcdlock_beat_ttl"),
+            retry_max_delay=float(get("etcdlock_retry_max_delay")),
+        )
+
+
+def check_ttl(value: object, name: str = "ttl") -> float:
+    """A TTL is a positive, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+_clients: dict[tuple[str, str, float], Client] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(app: Any) -> Client:
+    """The process's client for ``app``'s settings, created on first use."""
+    settings = Settings.from_app(app)
+    key = (settings.url, settings.prefix, settings.retry_max_delay)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = connect(
+                settings.url, prefix=settings.prefix, retry_max_delay=settings.retry_max_delay
+            )
+        return client
