@@ -1,0 +1,351 @@
+"""``celery etcdlock``: see and manage the locks and beat leaders of a Celery app.
+
+    celery -A proj etcdlock locks              # held locks and their queues
+    celery -A proj etcdlock leader             # the beat leader and the standby candidates
+    celery -A proj etcdlock release NAME       # force-release a lock (asks first; --yes to skip)
+
+Every sub-command prints a table, or JSON with ``--json``. The app's
+``etcdlock_*`` settings say where etcd is. Reading needs no lock and
+changes nothing; ``release`` deletes the holder's entry with a guarded
+delete, so the holder finds its lock lost at its next renewal (its
+``on_lost`` runs, ``held`` turns False) and the next waiter acquires.
+
+The functions ``list_locks``, ``list_elections`` and ``force_release`` are
+what the commands print; scripts (and the demo's live view) can call them
+with any ``Client``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import click
+from celery.bin.base import CeleryCommand, handle_preload_options
+
+from . import keys
+from .backends.base import Entry
+from .client import Client
+from .errors import EtcdLockError
+from .settings import client_for
+
+# -- what the commands show -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One entry of a lock or election queue: a holder, a waiter or a candidate."""
+
+    token: int
+    mode: str  # "read" | "write" (locks); "candidate" (elections)
+    holder: str | None  # who created it, as recorded in the entry ("host:pid" or an identity)
+    task: str | None  # the Celery task name, when a task holds it
+    task_id: str | None
+    host: str | None  # the worker's node name (e.g. celery@web-1), when a task recorded it
+    ttl: float | None  # seconds left before it expires unless renewed, when the backend reports it
+    data: dict[str, Any] = field(default_factory=dict)  # the entry's whole recorded value
+
+    @classmethod
+    def from_entry(cls, entry: Entry, mode: str | None = None) -> Request:
+        value = entry.value
+        recorded = value.get("data")
+        data: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        holder = _first_str(value, "holder", "identity", "owner") or _first_str(data, "holder", "identity")
+        host = _first_str(data, "hostname", "host", "worker") or _first_str(value, "hostname", "host")
+        ttl = getattr(entry, "ttl", None)
+        return cls(
+            token=entry.token,
+            mode=mode or entry.mode,
+            holder=holder,
+            task=_first_str(data, "task", "task_name") or _first_str(value, "task"),
+            task_id=_first_str(data, "task_id", "id") or _first_str(value, "task_id"),
+            host=host,
+            ttl=float(ttl) if isinstance(ttl, (int, float)) else None,
+            data={k: v for k, v in value.items() if k != "nonce"},
+        )
+
+
+@dataclass(frozen=True)
+class LockState:
+    name: str
+    mode: str  # "write" (a Mutex or RWLock writer) or "read" (one or more readers)
+    holders: list[Request]
+    waiters: list[Request]
+
+
+@dataclass(frozen=True)
+class ElectionState:
+    name: str
+    leader: Request | None
+    candidates: list[Request]  # standing by, in the order they would take over
+
+
+def _first_str(mapping: dict[str, Any], *names: str) -> str | None:
+    for name in names:
+        value = mapping.get(name)
+        if value is not None and value != "":
+            return str(value)
+    return None
+
+
+def _split_holders(entries: Sequence[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """The entries that hold the lock (a writer, or the readers at the head) and those that wait."""
+    if not entries:
+        return [], []
+    if entries[0].mode != "read":
+        return [entries[0]], list(entries[1:])
+    count = 0
+    while count < len(entries) and entries[count].mode == "read":
+        count += 1
+    return list(entries[:count]), list(entries[count:])
+
+
+def _queue_name(queue_key: str) -> str:
+    return keys.decode_name(queue_key.rstrip("/").rsplit("/", 1)[-1])
+
+
+def list_locks(client: Client) -> list[LockState]:
+    """Every lock with a holder or a waiter, by name."""
+    states = []
+    for queue_key, entries in client.backend.list_queues(keys.LOCKS).items():
+        holders, waiters = _split_holders(entries)
+        if not holders:
+            continue
+        states.append(
+            LockState(
+                name=_queue_name(queue_key),
+                mode=holders[0].mode,
+                holders=[Request.from_entry(e) for e in holders],
+                waiters=[Request.from_entry(e) for e in waiters],
+            )
+        )
+    return sorted(states, key=lambda s: s.name)
+
+
+def list_elections(client: Client) -> list[ElectionState]:
+    """Every election with a candidate: the leader (the first entry) and the others in order."""
+    states = []
+    for queue_key, entries in client.backend.list_queues(keys.ELECTIONS).items():
+        if not entries:
+            continue
+        states.append(
+            ElectionState(
+                name=_queue_name(queue_key),
+                leader=Request.from_entry(entries[0], "leader"),
+                candidates=[Request.from_entry(e, "candidate") for e in entries[1:]],
+            )
+        )
+    return sorted(states, key=lambda s: s.name)
+
+
+def find_lock(client: Client, name: str) -> LockState | None:
+    """The lock ``name`` if someone holds it, else None."""
+    entries = client.backend.read_queue(keys.queue_key(keys.LOCKS, name), fresh=True).entries
+    holders, waiters = _split_holders(entries)
+    if not holders:
+        return None
+    return LockState(
+        name=name,
+        mode=holders[0].mode,
+        holders=[Request.from_entry(e) for e in holders],
+        waiters=[Request.from_entry(e) for e in waiters],
+    )
+
+
+def force_release(client: Client, name: str, tokens: Sequence[int] | None = None) -> list[int]:
+    """Delete the holders' entries of lock ``name`` (only those of ``tokens`` if given).
+
+    Each delete is guarded by the entry's exact stored value, so a holder
+    that released or changed in the meantime is left alone. Returns the
+    tokens released.
+    """
+    queue = keys.queue_key(keys.LOCKS, name)
+    holders, _ = _split_holders(client.backend.read_queue(queue, fresh=True).entries)
+    released = []
+    for entry in holders:
+        if tokens is not None and entry.token not in tokens:
+            continue
+        if client.backend.delete_entry(entry):
+            released.append(entry.token)
+    return released
+
+
+# -- rendering ----------------------------------------------------------------
+
+
+def _ttl_text(ttl: float | None) -> str:
+    return "-" if ttl is None else f"{ttl:.0f}s"
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table with aligned columns."""
+    cells = [[_cell(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for row in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def locks_table(states: Sequence[LockState]) -> str:
+    rows: list[list[object]] = []
+    for state in states:
+        for i, holder in enumerate(state.holders):
+            first = i == 0
+            rows.append(
+                [
+                    state.name if first else "",
+                    holder.mode,
+                    holder.token,
+                    holder.task,
+                    holder.task_id,
+                    holder.host,
+                    holder.holder,
+                    _ttl_text(holder.ttl),
+                    len(state.waiters) if first else "",
+                ]
+            )
+    return format_table(["NAME", "MODE", "TOKEN", "TASK", "TASK ID", "WORKER", "HOLDER", "TTL", "WAITERS"], rows)
+
+
+def elections_table(states: Sequence[ElectionState]) -> str:
+    rows: list[list[object]] = []
+    for state in states:
+        if state.leader is not None:
+            rows.append([state.name, "leader", state.leader.holder, state.leader.token, _ttl_text(state.leader.ttl)])
+        for candidate in state.candidates:
+            rows.append(["", "candidate", candidate.holder, candidate.token, _ttl_text(candidate.ttl)])
+    return format_table(["ELECTION", "ROLE", "IDENTITY", "TOKEN", "TTL"], rows)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+# -- the click commands ---------------------------------------------------------
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+@contextmanager
+def _etcd_errors() -> Iterator[None]:
+    """Turn the package's errors (etcd down, bad settings) into a one-line CLI error."""
+    try:
+        yield
+    except (EtcdLockError, ValueError, TypeError) as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+
+def _client(ctx: click.Context) -> Client:
+    with _etcd_errors():
+        return client_for(ctx.obj.app)
+
+
+@click.group(name="etcdlock")
+@click.pass_context
+@handle_preload_options
+def etcdlock(ctx: click.Context) -> None:
+    """Locks, queues and beat leaders kept in etcd by celery_etcdlock."""
+
+
+@etcdlock.command(cls=CeleryCommand)
+@json_option
+@click.option("--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS.")
+@click.pass_context
+def locks(ctx: click.Context, as_json: bool, interval: float | None) -> None:
+    """List held locks: name, holder task id and host, token, TTL left, waiters."""
+    client = _client(ctx)
+
+    def show() -> None:
+        with _etcd_errors():
+            states = list_locks(client)
+        if as_json:
+            click.echo(_json([asdict(s) for s in states]))
+        elif states:
+            click.echo(locks_table(states))
+        else:
+            click.echo("No lock is held.")
+
+    _repeat(show, interval)
+
+
+@etcdlock.command(cls=CeleryCommand)
+@json_option
+@click.option("--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS.")
+@click.pass_context
+def leader(ctx: click.Context, as_json: bool, interval: float | None) -> None:
+    """Show the beat leader (and every other election) with its standby candidates."""
+    client = _client(ctx)
+
+    def show() -> None:
+        with _etcd_errors():
+            states = list_elections(client)
+        if as_json:
+            click.echo(_json([asdict(s) for s in states]))
+        elif states:
+            click.echo(elections_table(states))
+        else:
+            click.echo("No leader: no beat (or other election) is running.")
+
+    _repeat(show, interval)
+
+
+@etcdlock.command(cls=CeleryCommand)
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@click.pass_context
+def release(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
+    """Force-release the lock NAME, whoever holds it.
+
+    The holder learns at its next renewal that the lock is lost; the next
+    waiter acquires it with a higher token. Use it for a lock whose holder
+    is stuck, not one that died (a dead holder's lock expires by itself).
+    """
+    client = _client(ctx)
+    with _etcd_errors():
+        state = find_lock(client, name)
+    if state is None:
+        if as_json:
+            click.echo(_json({"name": name, "released": []}))
+            ctx.exit(1)
+        raise click.ClickException(f"lock {name!r} is not held")
+    if not yes:
+        if as_json:
+            raise click.UsageError("--json needs --yes: there is no one to confirm")
+        click.echo(locks_table([state]))
+        click.confirm(f"Force-release lock {name!r}? Its holder will lose it", abort=True)
+    with _etcd_errors():
+        released = force_release(client, name, tokens=[h.token for h in state.holders])
+    if as_json:
+        click.echo(_json({"name": name, "released": released}))
+    elif released:
+        click.echo(f"Released lock {name!r} (token {', '.join(map(str, released))}).")
+    else:
+        click.echo(f"Lock {name!r} changed hands meanwhile; nothing released.")
+    if not released:
+        ctx.exit(1)
+
+
+def _repeat(show: Callable[[], None], interval: float | None) -> None:
+    if interval is None:
+        show()
+        return
+    if interval <= 0:
+        raise click.BadParameter("must be a positive number of seconds", param_hint="--watch")
+    try:
+        while True:
+            click.clear()
+            click.echo(time.strftime("%H:%M:%S"))
+            show()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
