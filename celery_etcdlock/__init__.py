@@ -8,7 +8,9 @@ and celery beat on many hosts with exactly one leader sending.
         print("holding", lock.token)
 """
 
+from .client import Client
 from .connect import connect
+from .election import Election, LeaderEvent
 from .errors import (
     AuthenticationFailed,
     BackendError,
@@ -19,6 +21,8 @@ from .errors import (
     TaskLocked,
     UnsupportedServer,
 )
+from .mutex import Mutex
+from .rwlock import RWLock
 
 __version__ = "0.1.0"
 
@@ -26,6 +30,11 @@ __all__ = [
     "AuthenticationFailed",
     "BackendError",
     "BackendUnavailable",
+    "Client",
+    "Election",
+    "LeaderEvent",
+    "Mutex",
+    "RWLock",
     "EtcdLockError",
     "LockLost",
     "NotHeld",

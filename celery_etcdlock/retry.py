@@ -78,6 +78,4 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
     try:
         return policy(fn)
     except Transient as exc:
-        raise BackendUnavailable(
-            f"etcd unreachable at {', '.join(endpoints)}: {exc}", endpoints=endpoints
-        ) from exc
+        raise BackendUnavailable(f"etcd unreachable at {', '.join(endpoints)}: {exc}", endpoints=endpoints) from exc

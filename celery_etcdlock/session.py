@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import threading
 import time
@@ -40,6 +41,15 @@ from .backends.base import Backend, Entry, Lease, LeaseExpired
 from .errors import BackendError
 
 logger = get_logger(__name__)
+
+
+def check_ttl(value: object, name: str = "ttl") -> float:
+    """A TTL is a positive, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
 
 
 def safety_margin(ttl: float) -> float:
@@ -64,11 +74,7 @@ class Claim:
 
     @property
     def alive(self) -> bool:
-        return (
-            not self.lost.is_set()
-            and self.pid == os.getpid()
-            and time.monotonic() < self.session.deadline
-        )
+        return not self.lost.is_set() and self.pid == os.getpid() and time.monotonic() < self.session.deadline
 
     def __repr__(self) -> str:
         return f"<Claim {self.entry.key} token={self.entry.token} alive={self.alive}>"
@@ -192,7 +198,9 @@ class Session:
 
     def _current_lease(self) -> Lease:
         with self._mutex:
-            if self._lease is not None and (self._claims or time.monotonic() < self.deadline or self.backend.creating_renews):
+            if self._lease is not None and (
+                self._claims or time.monotonic() < self.deadline or self.backend.creating_renews
+            ):
                 return self._lease
         sent = time.monotonic()
         lease = self.backend.grant(self.ttl)

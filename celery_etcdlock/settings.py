@@ -17,13 +17,13 @@ rebuilds its connections and sessions by itself in a forked child.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from .client import Client
 from .connect import DEFAULT_PREFIX, DEFAULT_RETRY_MAX_DELAY, connect
+from .session import check_ttl
 
 DEFAULTS: dict[str, Any] = {
     "etcdlock_url": "etcd://127.0.0.1:2379",
@@ -57,15 +57,6 @@ class Settings:
             beat_ttl=check_ttl(get("etcdlock_beat_ttl"), "etcdlock_beat_ttl"),
             retry_max_delay=float(get("etcdlock_retry_max_delay")),
         )
-
-
-def check_ttl(value: object, name: str = "ttl") -> float:
-    """A TTL is a positive, finite number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-    return float(value)
 
 
 _clients: dict[tuple[str, str, float], Client] = {}

@@ -1,0 +1,397 @@
+"""The etcd v2 keys API, through python-etcd (``etcd://`` and ``etcds://``).
+
+A queue is a directory; an entry is an in-order key created by POST, whose
+name is its zero-padded ``createdIndex`` (so name order is creation order)
+and whose value is a JSON document made unique by a nonce. That value is
+the owner check: renewals (``refresh=true``) and deletes carry it as
+``prevValue``, so a process can only renew or delete what it created.
+
+v2 has no leases: a lease here is the group of keys one renewal round
+refreshes, each with its own TTL (whole seconds, rounded up).
+
+python-etcd is used for HTTP, TLS, auth and error decoding, one client per
+endpoint, without its own fail-over (which contacts the server in its
+constructor); fail-over between endpoints is ours, driven by the retry
+policy. python-etcd's own error logs are silenced: we log every retry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import etcd
+from celery.utils.log import get_logger
+
+from .. import retry
+from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
+from .base import Backend, Entry, Lease, Record, Snapshot, WaitResult, decode_json, encode_json
+
+logger = get_logger(__name__)
+T = TypeVar("T")
+
+_GONE_ACTIONS = frozenset({"delete", "expire", "compareAndDelete"})
+_NOT_FOUND, _COMPARE_FAILED, _NOT_A_FILE, _ALREADY_EXISTS, _DIR_NOT_EMPTY = 100, 101, 102, 105, 108
+_TRANSIENT_CODES = frozenset({300, 301})  # raft internal error, leader election in progress
+_INDEX_CLEARED, _WATCHER_CLEARED = 401, 400
+
+
+class _SilencePythonEtcd(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+
+logging.getLogger("etcd.client").addFilter(_SilencePythonEtcd())
+
+
+class _Failure(Exception):
+    """An answer from etcd that is not success: its error code and payload."""
+
+    def __init__(self, code: int | None, payload: dict[str, Any], message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.payload = payload
+
+
+class _WatchTimedOut(Exception):
+    pass
+
+
+class V2Lease(Lease):
+    _ids = itertools.count(1)
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._id = f"v2-{next(self._ids)}"
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+
+class Etcd2Backend(Backend):
+    schemes = ("etcd", "etcds")
+
+    def __init__(self, options: Any) -> None:  # ConnectionOptions; Any avoids an import cycle
+        self.options = options
+        self.prefix = options.prefix
+        self.endpoints = options.endpoint_urls
+        self._current = 0
+        self._local = threading.Lock()
+        self._clients: list[etcd.Client | None] = [None] * len(self.endpoints)
+
+    # -- HTTP ---------------------------------------------------------------
+
+    def _client(self, index: int) -> etcd.Client:
+        client = self._clients[index]
+        if client is None:
+            host, port = self.options.endpoints[index]
+            opts = self.options
+            cert: Any = (opts.cert, opts.key) if opts.cert and opts.key else opts.cert
+            client = etcd.Client(
+                host=host,
+                port=port,
+                protocol="https" if opts.tls else "http",
+                read_timeout=opts.timeout,
+                allow_reconnect=False,
+                username=opts.username,
+                password=opts.password,
+                cert=cert,
+                ca_cert=opts.ca,
+                per_host_pool_size=32,
+            )
+            self._clients[index] = client
+        return client
+
+    def _path(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if key else self.prefix
+
+    def _relative(self, path: str) -> str:
+        return path[len(self.prefix) + 1 :]
+
+    def _request(
+        self, method: str, key: str, params: dict[str, Any], timeout: float | None = None
+    ) -> tuple[dict[str, Any], int]:
+        """One HTTP request to the current endpoint: (decoded body, X-Etcd-Index)."""
+        with self._local:
+            index = self._current
+            client = self._client(index)
+        endpoint = self.endpoints[index]
+        try:
+            response = client.api_execute(
+                client.key_endpoint + self._path(key), method, params=params, timeout=timeout or self.options.timeout
+            )
+        except etcd.EtcdWatchTimedOut:
+            raise _WatchTimedOut() from None
+        except etcd.EtcdConnectionFailed as exc:
+            self._rotate(index)
+            raise retry.Transient(endpoint, exc.__cause__ or exc) from None
+        except etcd.EtcdException as exc:
+            payload = exc.payload if isinstance(exc.payload, dict) else {}
+            raise self._classify(endpoint, payload, str(exc)) from None
+        try:
+            body = json.loads(response.data.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise _Failure(None, {}, f"{endpoint} sent a response that is not JSON") from None
+        return body, int(response.headers.get("X-Etcd-Index", 0))
+
+    def _classify(self, endpoint: str, payload: dict[str, Any], message: str) -> Exception:
+        code, status = payload.get("errorCode"), payload.get("status")
+        if code is None and status == 404:
+            return UnsupportedServer(
+                f"etcd at {endpoint} does not serve the v2 keys API (etcd 3.4 and 3.5 need --enable-v2, "
+                "3.6 has none): use an etcd3:// URL instead"
+            )
+        if status == 401 or code == 110:
+            who = f"user {self.options.username!r}" if self.options.username else "anonymous access"
+            return AuthenticationFailed(f"etcd at {endpoint} refused {who}: {payload.get('message', message)}")
+        if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+            return retry.Transient(endpoint, payload.get("message", message))
+        return _Failure(code, payload, f"{endpoint}: {message}")
+
+    def _rotate(self, failed: int) -> None:
+        with self._local:
+            if self._current == failed and len(self.endpoints) > 1:
+                self._current = (failed + 1) % len(self.endpoints)
+                logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self._current])
+
+    def _retrying(self, operation: str, fn: Callable[[], T]) -> T:
+        try:
+            return retry.run(retry.call_policy(self.options.retry_max_delay, operation), fn, self.endpoints)
+        except _Failure as exc:
+            raise BackendError(f"etcd {operation} failed: {exc}") from None
+
+    @staticmethod
+    def _server_ttl(ttl: float) -> int:
+        return max(1, math.ceil(ttl))  # v2 TTLs are whole seconds; rounding up never expires early
+
+    # -- leases -------------------------------------------------------------
+
+    @property
+    def creating_renews(self) -> bool:
+        return True
+
+    def grant(self, ttl: float) -> Lease:
+        return V2Lease(ttl)
+
+    def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
+        gone: set[str] = set()
+        for entry in entries:
+            try:
+                self._request(
+                    "PUT",
+                    entry.key,
+                    {
+                        "ttl": self._server_ttl(lease.ttl),
+                        "refresh": "true",
+                        "prevExist": "true",
+                        "prevValue": entry.raw,
+                    },
+                    timeout=timeout,
+                )
+            except _Failure as exc:
+                if exc.code not in (_NOT_FOUND, _COMPARE_FAILED):
+                    raise BackendError(f"renewal of {entry.key} failed: {exc}") from None
+                gone.add(entry.key)
+            except _WatchTimedOut:  # pragma: no cover - not a watch
+                raise retry.Transient(self.endpoints[self._current], "renewal timed out") from None
+        return gone
+
+    def revoke(self, lease: Lease) -> None:
+        """Nothing to do: v2 keys expire on their own once nobody refreshes them."""
+
+    # -- queues -------------------------------------------------------------
+
+    def create_entry(self, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
+        value = {**value, "nonce": uuid.uuid4().hex}
+        raw = encode_json(value)
+        attempts = 0
+
+        def create() -> Entry:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:  # the lost attempt may have been applied: the nonce finds it
+                for entry in self.read_queue(queue, fresh=True).entries:
+                    if entry.raw == raw:
+                        return entry
+            body, _ = self._request("POST", queue, {"value": raw, "ttl": self._server_ttl(lease.ttl)})
+            node = body["node"]
+            return Entry(self._relative(node["key"]), int(node["createdIndex"]), value, raw)
+
+        return self._retrying(f"create entry in {queue}", create)
+
+    def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
+        params = {"sorted": "true", "quorum": "true"} if fresh else {"sorted": "true"}
+
+        def read() -> Snapshot:
+            try:
+                body, index = self._request("GET", queue, params)
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    return Snapshot([], int(exc.payload.get("index", 0)))
+                raise
+            return Snapshot(self._entries(body["node"]), index)
+
+        return self._retrying(f"read queue {queue}", read)
+
+    def _entries(self, node: dict[str, Any]) -> list[Entry]:
+        entries = [
+            Entry(
+                self._relative(child["key"]),
+                int(child["createdIndex"]),
+                decode_json(child.get("value")),
+                child.get("value", ""),
+            )
+            for child in node.get("nodes", ())
+            if not child.get("dir")
+        ]
+        entries.sort(key=lambda e: e.token)
+        return entries
+
+    def wait_gone(self, entry: Entry, after_revision: int, timeout: float) -> WaitResult:
+        wait_index = after_revision + 1
+
+        def watch() -> WaitResult:
+            nonlocal wait_index
+            while True:
+                try:
+                    body, _ = self._request(
+                        "GET", entry.key, {"wait": "true", "waitIndex": wait_index}, timeout=max(0.01, timeout)
+                    )
+                except _WatchTimedOut:
+                    return WaitResult.TIMEOUT
+                except _Failure as exc:
+                    if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
+                        return WaitResult.STALE
+                    raise
+                if body.get("action") in _GONE_ACTIONS:
+                    return WaitResult.GONE
+                wait_index = int(body["node"]["modifiedIndex"]) + 1
+
+        # A watch that times out is not an outage; a refused connection is, and is retried.
+        return self._retrying(f"watch {entry.key}", watch)
+
+    def delete_entry(self, entry: Entry) -> bool:
+        def delete() -> bool:
+            try:
+                self._request("DELETE", entry.key, {"prevValue": entry.raw})
+            except _Failure as exc:
+                if exc.code in (_NOT_FOUND, _COMPARE_FAILED):
+                    return False
+                raise
+            return True
+
+        return self._retrying(f"delete {entry.key}", delete)
+
+    def forget_queue(self, queue: str) -> None:
+        try:
+            self._request("DELETE", queue, {"dir": "true"})
+        except (_Failure, retry.Transient, BackendError) as exc:
+            logger.debug("kept queue directory %s: %s", queue, exc)
+
+    def list_queues(self, namespace: str) -> dict[str, list[Entry]]:
+        def read() -> dict[str, list[Entry]]:
+            try:
+                body, _ = self._request("GET", namespace, {"recursive": "true", "sorted": "true"})
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    return {}
+                raise
+            return {
+                self._relative(child["key"]): entries
+                for child in body["node"].get("nodes", ())
+                if child.get("dir") and (entries := self._entries(child))
+            }
+
+        return self._retrying(f"list {namespace}", read)
+
+    # -- records ------------------------------------------------------------
+
+    def _record(self, node: dict[str, Any]) -> Record:
+        ttl = node.get("ttl")
+        return Record(self._relative(node["key"]), decode_json(node.get("value")), int(node["modifiedIndex"]), ttl)
+
+    def get_record(self, key: str) -> Record | None:
+        def get() -> Record | None:
+            try:
+                body, _ = self._request("GET", key, {"quorum": "true"})
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    return None
+                raise
+            return None if body["node"].get("dir") else self._record(body["node"])
+
+        return self._retrying(f"read {key}", get)
+
+    def put_record(
+        self,
+        key: str,
+        value: dict[str, Any],
+        *,
+        expect: Record | None,
+        fence: Entry | None = None,
+        ttl: float | None = None,
+    ) -> Record | None:
+        # v2 cannot compare the fence key in the same write: callers make the record its own fence
+        params: dict[str, Any] = {"value": encode_json(value)}
+        if ttl is not None:
+            params["ttl"] = self._server_ttl(ttl)
+        if expect is None:
+            params["prevExist"] = "false"
+        else:
+            params["prevIndex"] = expect.version
+
+        def put() -> Record | None:
+            try:
+                body, _ = self._request("PUT", key, params)
+            except _Failure as exc:
+                if exc.code in (_COMPARE_FAILED, _ALREADY_EXISTS, _NOT_FOUND, _NOT_A_FILE):
+                    return None
+                raise
+            return self._record(body["node"])
+
+        return self._retrying(f"write {key}", put)
+
+    def delete_record(self, key: str, expect: Record | None = None) -> bool:
+        params = {"prevIndex": expect.version} if expect is not None else {}
+
+        def delete() -> bool:
+            try:
+                self._request("DELETE", key, params)
+            except _Failure as exc:
+                if exc.code in (_NOT_FOUND, _COMPARE_FAILED):
+                    return False
+                raise
+            return True
+
+        return self._retrying(f"delete {key}", delete)
+
+    def list_records(self, directory: str) -> list[Record]:
+        def read() -> list[Record]:
+            try:
+                body, _ = self._request("GET", directory, {"sorted": "true"})
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    return []
+                raise
+            return [self._record(n) for n in body["node"].get("nodes", ()) if not n.get("dir")]
+
+        return self._retrying(f"list {directory}", read)
+
+    # -- process life -------------------------------------------------------
+
+    def after_fork(self) -> None:
+        self._local = threading.Lock()
+        self._clients = [None] * len(self.endpoints)  # their connection pools belong to the parent
+
+    def close(self) -> None:
+        for client in self._clients:
+            if client is not None:
+                client.http.clear()
+        self._clients = [None] * len(self.endpoints)

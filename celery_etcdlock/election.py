@@ -1,0 +1,209 @@
+"""``Election``: leader election on the lock queue, with events.
+
+    from celery_etcdlock import connect, Election
+
+    e = Election(connect(), "beat", identity="host-1:4242", ttl=10)
+    e.campaign()             # blocks until this node leads
+    e.is_leader, e.leader(), e.token
+    e.resign()               # the next candidate leads at once
+
+    e.start()                # or campaign in the background, and follow events:
+    for event in e.events(): # LeaderEvent(kind, leader)
+        ...                  # kinds: "elected", "deposed", "changed", "error"
+    e.stop()                 # resigns if leading; events() ends after the last event
+
+Campaigning is acquiring a Mutex whose holder is the leader, as kazoo's
+Election is its Lock; the leader's identity is the data of the queue's first
+entry. So a dead leader is followed within ``ttl`` seconds plus a round
+trip, a resigning one at once, and a leader that cannot renew in time sees
+``is_leader`` turn False before anyone else can be elected. The token (the
+leader entry's creation number) fences the leader's writes.
+
+Event kinds:
+
+- ``elected``: this node became leader (``leader`` is its identity).
+- ``deposed``: this node stopped leading without resigning (``leader`` None);
+  it campaigns again at once, without a restart.
+- ``changed``: another node (or nobody: ``leader`` None) leads now. Followers
+  learn it from a watch on the leader's entry, not by polling.
+- ``error``: etcd failed; the background campaign retries after a pause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from celery.utils.log import get_logger
+
+from .backends.base import Entry, WaitResult
+from .client import Client
+from .errors import EtcdLockError, NotHeld
+from .keys import ELECTIONS, queue_key
+from .queue import WRITE, QueueLock
+
+logger = get_logger(__name__)
+
+ELECTED, DEPOSED, CHANGED, ERROR = "elected", "deposed", "changed", "error"
+
+
+@dataclass(frozen=True)
+class LeaderEvent:
+    kind: str
+    leader: str | None
+
+
+_END = object()
+
+
+class Election:
+    def __init__(self, client: Client, name: str, identity: str, ttl: float = 10) -> None:
+        if not isinstance(identity, str) or not identity:
+            raise ValueError("identity must be a non-empty string (for example 'host:pid')")
+        self.client = client
+        self.name = name
+        self.identity = identity
+        self._lock = QueueLock(
+            client, queue_key(ELECTIONS, name), name, ttl, WRITE, on_lost=self._deposed, data={"identity": identity}
+        )
+        self.ttl = self._lock.ttl
+        self._events: queue.Queue[object] = queue.Queue()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()  # set when this leader is deposed, resigns or is asked to stop
+        self._resigned = False
+        self._threads: list[threading.Thread] = []
+
+    # -- synchronous interface ------------------------------------------------
+
+    def campaign(self, timeout: float | None = None) -> bool:
+        """Block until this node leads (True), or ``timeout`` seconds pass (False)."""
+        if self._lock.held:
+            return True
+        if self._lock.token is not None:
+            self._lock.release()  # a lost leadership: queue again at the back
+        return self._lock.acquire(timeout=timeout)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._lock.held
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this node's leadership, while it leads."""
+        return self._lock.token if self._lock.held else None
+
+    @property
+    def fence_entry(self) -> Entry | None:
+        return self._lock.fence_entry
+
+    def leader(self) -> str | None:
+        """The identity of the current leader, or None."""
+        entries = self.client.backend.read_queue(self._lock.queue).entries
+        return _identity(entries[0]) if entries else None
+
+    def resign(self) -> None:
+        """Stop leading (or campaigning); the next candidate leads at once.
+
+        After ``start()``, the node then campaigns again, at the back of the queue.
+        """
+        self._resigned = True
+        self._wake.set()
+        self._lock.cancel()
+        with contextlib.suppress(NotHeld):
+            self._lock.release()
+
+    # -- background campaign and events ----------------------------------------
+
+    def start(self) -> None:
+        """Campaign in the background; follow the outcome through ``events()``."""
+        if self._threads:
+            raise RuntimeError(f"election {self.name!r} already started")
+        self._stopping.clear()
+        for target, role in ((self._campaign_loop, "campaign"), (self._observe_loop, "observe")):
+            thread = threading.Thread(target=target, name=f"etcdlock-election-{role}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def events(self) -> Iterator[LeaderEvent]:
+        """The events of the background campaign, until ``stop()``."""
+        while True:
+            event = self._events.get()
+            if event is _END:
+                return
+            assert isinstance(event, LeaderEvent)
+            yield event
+
+    def stop(self) -> None:
+        """End the background campaign; resign if leading. ``events()`` then ends."""
+        self._stopping.set()
+        self._wake.set()
+        self.resign()
+        for thread in self._threads:
+            thread.join(timeout=1.0)  # the observer may sit in a watch; it is a daemon and emits nothing more
+        self._threads = []
+        self._events.put(_END)
+
+    def _emit(self, kind: str, leader: str | None) -> None:
+        if not self._stopping.is_set():
+            self._events.put(LeaderEvent(kind, leader))
+
+    def _campaign_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if not self.campaign():
+                    continue  # cancelled by stop()
+            except EtcdLockError as exc:
+                logger.warning("election %s: campaign of %s failed: %s", self.name, self.identity, exc)
+                self._emit(ERROR, None)
+                self._stopping.wait(min(1.0, self.ttl / 3))
+                continue
+            logger.info("election %s: %s elected (token %s)", self.name, self.identity, self._lock.token)
+            self._resigned = False
+            self._emit(ELECTED, self.identity)
+            while self._lock.held and not self._stopping.is_set() and not self._resigned:
+                self._wake.wait()
+                self._wake.clear()
+            if self._stopping.is_set() or self._resigned:
+                self._resigned = False
+                continue
+            logger.warning("election %s: %s deposed; campaigning again", self.name, self.identity)
+            self._emit(DEPOSED, None)
+
+    def _observe_loop(self) -> None:
+        """Follow the queue's first entry with a watch, to report who leads."""
+        known: object = object()
+        backend = self.client.backend
+        while not self._stopping.is_set():
+            try:
+                snapshot = backend.read_queue(self._lock.queue)
+                head = snapshot.entries[0] if snapshot.entries else None
+                leader = _identity(head) if head is not None else None
+                if leader != known and leader != self.identity:
+                    self._emit(CHANGED, leader)
+                known = leader
+                if head is None:
+                    # nobody campaigns: wait for the first entry with a short watch-free pause
+                    self._stopping.wait(min(1.0, self.ttl / 3))
+                    continue
+                while not self._stopping.is_set():
+                    result = backend.wait_gone(head, snapshot.revision, timeout=max(1.0, self.ttl))
+                    if result is not WaitResult.TIMEOUT:
+                        break
+            except EtcdLockError as exc:
+                logger.warning("election %s: observing the leader failed: %s", self.name, exc)
+                self._emit(ERROR, None)
+                self._stopping.wait(min(1.0, self.ttl / 3))
+
+    def _deposed(self, _lock: QueueLock) -> None:
+        self._wake.set()
+
+    def __repr__(self) -> str:
+        return f"<Election {self.name!r} identity={self.identity!r} leader={self.is_leader}>"
+
+
+def _identity(entry: Entry) -> str | None:
+    identity = (entry.value.get("data") or {}).get("identity")
+    return str(identity) if identity is not None else None

@@ -1,0 +1,38 @@
+"""``Mutex``: one holder at a time, cluster-wide, FIFO, with a fencing token.
+
+    from celery_etcdlock import connect, Mutex
+
+    client = connect("etcd://127.0.0.1:2379")
+    with Mutex(client, "reports/daily", ttl=10) as lock:
+        write_report(fencing_token=lock.token)
+
+The lock is renewed in the background while held (by the process's one
+renewer thread), so a holder may keep it for hours; a holder that dies frees
+it within ``ttl`` seconds. A holder that cannot renew in time sees ``held``
+turn False, and its ``on_lost(lock)`` called, before anyone else can acquire.
+Waiters are woken by a watch on the one entry ahead of them, so a release
+wakes exactly one waiter. A Mutex is the write side of the ``RWLock`` of the
+same name: the two exclude each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .client import Client
+from .keys import LOCKS, queue_key
+from .queue import WRITE, QueueLock
+
+
+class Mutex(QueueLock):
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        ttl: float = 30,
+        on_lost: Callable[[Mutex], None] | None = None,
+        *,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(client, queue_key(LOCKS, name), name, ttl, WRITE, on_lost, data)

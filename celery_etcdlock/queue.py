@@ -1,0 +1,254 @@
+"""The fair queue every primitive stands on: join, find my blocker, wait, leave.
+
+A request joins the queue as a new entry (its token is its creation number,
+so the queue is FIFO), reads the queue, and either holds the lock or waits
+for the one entry that blocks it to go:
+
+- a writer is blocked by the entry just before it, whatever its mode;
+- a reader is blocked by the last *writer* before it, so readers share, all
+  readers behind a writer proceed together when it leaves, and no reader
+  overtakes an earlier writer.
+
+Each waiter watches its blocker only (no herd), from the revision of the
+read that decided to wait (no lost wake-ups), and re-reads the queue after
+every wake-up, which also re-checks that its own entry still exists. Every
+exit path deletes its own entry, guarded by its value. A ``Mutex`` is a
+writer; ``RWLock`` offers both; an ``Election`` is a writer whose holder
+leads.
+
+    lock = QueueLock(client, "locks/x", "x", ttl=10, mode="write")
+    if lock.acquire(timeout=5):
+        try:
+            use(lock.token)
+        finally:
+            lock.release()
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from celery.utils.log import get_logger
+
+from .backends.base import Entry, WaitResult
+from .client import Client
+from .errors import LockLost, NotHeld
+from .session import Claim, check_ttl
+
+logger = get_logger(__name__)
+
+READ, WRITE = "read", "write"
+
+
+def blocker_of(entries: list[Entry], mine: Entry, mode: str) -> Entry | None:
+    """The entry ``mine`` must wait for, or None if it holds the lock."""
+    earlier = [e for e in entries if e.token < mine.token]
+    if mode == WRITE:
+        return earlier[-1] if earlier else None
+    writers = [e for e in earlier if e.mode == WRITE]
+    return writers[-1] if writers else None
+
+
+def holders_of(entries: list[Entry]) -> list[Entry]:
+    """The entries that hold the lock now: the first writer, or the leading readers."""
+    if not entries:
+        return []
+    if entries[0].mode == WRITE:
+        return entries[:1]
+    holders = []
+    for entry in entries:
+        if entry.mode == WRITE:
+            break
+        holders.append(entry)
+    return holders
+
+
+def describe(entry: Entry) -> dict[str, Any]:
+    """What the public ``holders()`` methods report about an entry."""
+    return {
+        "holder": entry.value.get("holder"),
+        "token": entry.token,
+        "mode": entry.mode,
+        "data": entry.value.get("data") or {},
+    }
+
+
+class QueueLock:
+    """One request on a fair queue, with the interface of ``Mutex``.
+
+    A lock object is used by one thread at a time and is not reentrant; give
+    each thread its own object (they exclude each other like processes do).
+    ``held`` may be read from any thread.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        queue: str,
+        name: str,
+        ttl: float,
+        mode: str,
+        on_lost: Callable[[Any], None] | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        if mode not in (READ, WRITE):
+            raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be callable")
+        if data is not None and not isinstance(data, dict):
+            raise TypeError(f"data must be a dict of JSON values, not {type(data).__name__}")
+        self.client = client
+        self.queue = queue
+        self.name = name
+        self.ttl = check_ttl(ttl)
+        self.mode = mode
+        self.on_lost = on_lost
+        self.data = data
+        self._session = client.session(self.ttl)
+        self._backend = client.backend
+        self._claim: Claim | None = None
+        self._waiting: Claim | None = None
+        self._busy = threading.Lock()
+        self._cancelled = threading.Event()
+
+    # -- public interface -----------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        claim = self._claim
+        return claim is not None and claim.alive
+
+    @property
+    def token(self) -> int | None:
+        claim = self._claim
+        return claim.entry.token if claim is not None else None
+
+    @property
+    def fence_entry(self) -> Entry | None:
+        claim = self._claim
+        return claim.entry if claim is not None and claim.alive else None
+
+    @property
+    def holder(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Wait for the lock (up to ``timeout`` seconds; not at all if not ``blocking``)."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"lock {self.name!r}: acquire() while this object is already in use")
+        try:
+            if self._claim is not None:
+                raise RuntimeError(
+                    f"lock {self.name!r} is already held by this object (lock objects are not reentrant)"
+                )
+            self._cancelled.clear()
+            deadline = time.monotonic() + (0.0 if not blocking else timeout if timeout is not None else float("inf"))
+            return self._acquire(deadline)
+        finally:
+            self._busy.release()
+
+    def release(self) -> None:
+        """Release the lock. ``NotHeld`` if this object does not hold it; quiet if it was lost."""
+        claim, self._claim = self._claim, None
+        if claim is None:
+            raise NotHeld(f"lock {self.name!r} is not held by this object")
+        was_alive = claim.alive
+        self._session.leave(claim)
+        if was_alive:
+            logger.info("lock %s released by %s (token %d)", self.name, self.holder, claim.entry.token)
+
+    def cancel(self) -> None:
+        """Make a blocked ``acquire()`` in another thread give up (it returns False) and leave the queue now."""
+        self._cancelled.set()
+        waiting = self._waiting
+        if waiting is not None:
+            self._session.leave(waiting)
+
+    def holders(self) -> list[dict[str, Any]]:
+        """Who holds the lock now (``[]`` when free): holder, token, mode and data."""
+        return [describe(e) for e in holders_of(self._backend.read_queue(self.queue).entries)]
+
+    def __enter__(self) -> QueueLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        claim = self._claim
+        lost = claim is not None and not claim.alive
+        self.release()
+        if lost and exc_type is None:
+            reason = claim.lost_reason if claim is not None and claim.lost_reason else "its TTL ran out"
+            raise LockLost(f"lock {self.name!r} was lost while the block ran: {reason}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} mode={self.mode} held={self.held} token={self.token}>"
+
+    # -- the algorithm --------------------------------------------------------
+
+    def _value(self) -> dict[str, Any]:
+        value: dict[str, Any] = {"holder": self.holder, "mode": self.mode}
+        if self.data:
+            value["data"] = self.data
+        return value
+
+    def _acquire(self, deadline: float) -> bool:
+        claim = self._waiting = self._session.join(self.queue, self._value(), on_lost=self._lost)
+        try:
+            while True:
+                snapshot = self._backend.read_queue(self.queue)
+                mine = snapshot.find(claim.entry.token)
+                if mine is None:  # maybe a lagging member: ask the leader before giving up the entry
+                    snapshot = self._backend.read_queue(self.queue, fresh=True)
+                    mine = snapshot.find(claim.entry.token)
+                if mine is None or not claim.alive:
+                    self._session.leave(claim)
+                    if time.monotonic() >= deadline or self._cancelled.is_set():
+                        return False
+                    logger.warning(
+                        "lock %s: queue entry of %s vanished while waiting; queueing again", self.name, self.holder
+                    )
+                    claim = self._waiting = self._session.join(self.queue, self._value(), on_lost=self._lost)
+                    continue
+                blocker = blocker_of(snapshot.entries, mine, self.mode)
+                if blocker is None:
+                    self._claim = claim
+                    logger.info("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
+                    return True
+                if not self._wait_for(blocker, snapshot.revision, deadline, claim):
+                    self._session.leave(claim)
+                    return False
+        except BaseException:
+            self._session.leave(claim)  # never leave a dead request blocking the queue
+            raise
+        finally:
+            self._waiting = None
+
+    def _wait_for(self, blocker: Entry, revision: int, deadline: float, claim: Claim) -> bool:
+        """Wait until ``blocker`` goes (True: read again) or the deadline passes (False)."""
+        logger.debug("lock %s: %s waits for token %d", self.name, self.holder, blocker.token)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._cancelled.is_set():
+                return False
+            # bounded so that a cancelled or lost request notices within about a TTL
+            result = self._backend.wait_gone(blocker, revision, timeout=min(remaining, max(1.0, self.ttl)))
+            if result is not WaitResult.TIMEOUT or not claim.alive:
+                return not self._cancelled.is_set()
+
+    def _lost(self, reason: str) -> None:
+        claim = self._claim
+        if claim is None or not claim.lost.is_set():
+            return  # a request still waiting: the acquire loop queues it again
+        logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, claim.entry.token, reason)
+        if self.on_lost is not None:
+            self.on_lost(self)
