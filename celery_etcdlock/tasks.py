@@ -1,0 +1,663 @@
+"""Singleton and read-write locked Celery tasks.
+
+    from celery_etcdlock import singleton_task, rwlock_task, SingletonTask
+
+    @singleton_task                                       # one run at a time, cluster-wide
+    def rebuild_cache(): ...
+
+    @singleton_task(key=["customer_id"], on_conflict="retry", dedupe_enqueue=True)
+    def sync_customer(customer_id, full=False): ...       # one run (and one queued) per customer
+
+    @rwlock_task(lock="search-index", mode="read")        # many readers at once, no writer
+    def query_index(q): ...
+
+    @app.task(base=SingletonTask, bind=True, lock_ttl=60)
+    def report(self):
+        self.lock.token                                   # fencing token of the held lock
+
+The lock is taken when the worker starts running the task (never at enqueue,
+so a redelivered or ETA message is safe), renewed by the process's session
+while it runs, and released however the run ends. A worker that dies frees
+it within ``lock_ttl``. Its etcd value records the task id, task name and
+worker hostname. ``dedupe_enqueue=True`` also makes ``apply_async``/``delay``
+of an instance whose key is already queued or running return that
+instance's ``AsyncResult`` instead of queueing another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import json
+import os
+import signal
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
+
+import celery
+from celery import shared_task, signals
+from celery.exceptions import Ignore
+from celery.result import AsyncResult
+from celery.utils.log import get_logger
+from celery.utils.time import maybe_make_aware
+
+from .client import Client
+from .errors import EtcdLockError, LockLost, TaskLocked
+from .mutex import Mutex
+from .queue import QueueLock as TaskLock  # the type of Mutex and of both RWLock sides
+from .rwlock import RWLock
+from .session import check_ttl
+from .settings import Settings, client_for
+from .store import DocumentStore
+
+logger = get_logger(__name__)
+
+ON_CONFLICT = ("skip", "raise", "retry", "wait")
+MODES = ("read", "write")
+MARKERS = "enqueued"  # DocumentStore kind of the enqueue-dedupe markers
+
+KeySpec = str | Sequence[str] | Callable[[tuple[Any, ...], dict[str, Any]], str] | None
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SingletonTask(celery.Task):
+    """A task that runs under a cluster-wide etcd lock.
+
+    Options (class attributes, or keyword arguments of ``@app.task``):
+
+    - ``key``: None (one run of the task at a time), a list of argument
+      names, a format string over the arguments, or ``callable(args, kwargs) -> str``.
+    - ``lock_ttl``: seconds a dead worker keeps the lock (default ``etcdlock_ttl``).
+    - ``on_conflict``: ``"skip"``, ``"raise"``, ``"retry"`` or ``"wait"``.
+    - ``lock_timeout``: how long ``"wait"`` waits (None: as long as it takes).
+    - ``retry_countdown``: the countdown of ``"retry"``, in seconds.
+    - ``dedupe_enqueue`` / ``dedupe_ttl``: return the queued or running
+      instance's AsyncResult instead of queueing another; the queued
+      marker expires after ``dedupe_ttl`` seconds (plus any countdown/ETA)
+      if its message is lost.
+    - ``lock_name`` / ``lock_mode``: used by ``rwlock_task``: the lock's
+      name (or format string, or callable), and ``"read"``/``"write"``.
+    """
+
+    key: KeySpec = None
+    lock_ttl: float | None = None
+    on_conflict: str = "skip"
+    lock_timeout: float | None = None
+    retry_countdown: float = 5.0
+    dedupe_enqueue: bool = False
+    dedupe_ttl: float = 3600.0
+    lock_name: str | Callable[[tuple[Any, ...], dict[str, Any]], str] | None = None
+    lock_mode: str | None = None  # None: exclusive, named after the task and key
+
+    _etcdlock_checked: bool = False
+
+    @classmethod
+    def on_bound(cls, app: celery.Celery) -> None:
+        super().on_bound(app)
+        if "run" in cls.__dict__:  # a concrete task: check its options when it is registered
+            _check_class_options(cls)
+
+    # -- the lock of the current run ------------------------------------------
+
+    @property
+    def lock(self) -> TaskLock | None:
+        """The lock this task holds in the current thread's run (None outside a run)."""
+        for task, held in reversed(_running.stack()):
+            if task is self:
+                return held
+        return None
+
+    def lock_name_for(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> str:
+        """The name of the lock a run with these arguments takes."""
+        args, kwargs = tuple(args), dict(kwargs or {})
+        if self.lock_name is not None:
+            return _render(self.lock_name, self, args, kwargs, "lock")
+        base = f"task/{self.name}"
+        if self.key is None:
+            return base
+        return f"{base}/{_render(self.key, self, args, kwargs, 'key')}"
+
+    # -- running ----------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _check_class_options(type(self))
+        name = self.lock_name_for(args, kwargs)
+        client = _client(self.app)
+        ttl = self.lock_ttl if self.lock_ttl is not None else Settings.from_app(self.app).ttl
+        request = self.request
+        task_id: str | None = request.id
+        hostname = request.hostname or socket.gethostname()
+        data = {"task_id": task_id, "task": self.name, "hostname": hostname}
+        lost = threading.Event()
+
+        def on_lost(lock: Any) -> None:
+            lost.set()
+            logger.error(
+                "task %s[%s] on %s lost its lock %s mid-run (not renewed within %ss); "
+                "another run may start before this one ends",
+                self.name, task_id, hostname, name, ttl,
+            )
+
+        lock = self._new_lock(client, name, ttl, on_lost, data)
+        if not self._acquire(lock, client, name, task_id, hostname):
+            return None
+        if self.dedupe_enqueue and task_id:
+            _forget_marker(client, name, task_id)
+        logger.debug("task %s[%s] on %s holds %s (token %s)", self.name, task_id, hostname, name, lock.token)
+        _running.push(self, lock)
+        try:
+            result = super().__call__(*args, **kwargs)
+        finally:
+            _running.pop()
+            kept = lock.held and not lost.is_set()
+            _release(lock, name, task_id, hostname)
+        if not kept:
+            raise LockLost(
+                f"task {self.name}[{task_id}] on {hostname} lost its lock {name} before it finished; "
+                f"its exclusivity was not guaranteed for the whole run"
+            )
+        return result
+
+    def _new_lock(
+        self, client: Client, name: str, ttl: float, on_lost: Callable[[Any], None], data: dict[str, Any]
+    ) -> TaskLock:
+        if self.lock_mode is None:
+            return Mutex(client, name, ttl=ttl, on_lost=on_lost, data=data)
+        side = RWLock(client, name, ttl=ttl)
+        if self.lock_mode == "read":
+            return side.read(on_lost=on_lost, data=data)
+        return side.write(on_lost=on_lost, data=data)
+
+    def _acquire(self, lock: TaskLock, client: Client, name: str, task_id: str | None, hostname: str) -> bool:
+        """Take the lock, or follow ``on_conflict``. False: skip this run."""
+        if lock.acquire(blocking=False):
+            return True
+        holders = _holders(lock)
+        if task_id and any(h.get("data", {}).get("task_id") == task_id for h in holders):
+            return self._acquire_after_own_attempt(lock, name, task_id, hostname)
+        holder = _describe(holders)
+        if self.on_conflict == "wait":
+            logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, holder)
+            if lock.acquire(timeout=self.lock_timeout):
+                return True
+            self._drop_marker(client, name, task_id)
+            raise TaskLocked(
+                f"task {self.name}[{task_id}] gave up waiting for {name} after {self.lock_timeout}s; "
+                f"held by {_describe(_holders(lock))}",
+                lock_name=name,
+                holder=_first(_holders(lock)),
+            )
+        if self.on_conflict == "retry":
+            logger.info(
+                "task %s[%s] found %s held by %s; retrying in %ss",
+                self.name, task_id, name, holder, self.retry_countdown,
+            )
+            raise self.retry(
+                countdown=self.retry_countdown,
+                exc=TaskLocked(f"{name} is held by {holder}", lock_name=name, holder=_first(holders)),
+            )
+        self._drop_marker(client, name, task_id)
+        if self.on_conflict == "raise":
+            raise TaskLocked(
+                f"task {self.name}[{task_id}] not run: {name} is held by {holder}",
+                lock_name=name,
+                holder=_first(holders),
+            )
+        logger.info("task %s[%s] skipped: %s is held by %s", self.name, task_id, name, holder)
+        return False
+
+    def _acquire_after_own_attempt(self, lock: TaskLock, name: str, task_id: str, hostname: str) -> bool:
+        # The holder is an earlier attempt of this very task id: a message
+        # redelivered while it still runs (visibility timeout, acks_late), or
+        # an attempt that died (its entry expires within the TTL). Waiting one
+        # TTL tells the two apart; running now would run the task twice at once.
+        logger.warning(
+            "task %s[%s] on %s: %s is held by an earlier attempt of the same task id; waiting up to %ss",
+            self.name, task_id, hostname, name, lock.ttl,
+        )
+        if lock.acquire(timeout=float(lock.ttl) + 1.0):
+            if not _finished(self, task_id):
+                return True
+            _release(lock, name, task_id, hostname)
+            logger.warning("task %s[%s]: duplicate delivery of a finished run; not run again", self.name, task_id)
+        else:
+            logger.warning(
+                "task %s[%s]: duplicate delivery while the first delivery still runs and holds %s; not run",
+                self.name, task_id, name,
+            )
+        raise Ignore()
+
+    def _drop_marker(self, client: Client, name: str, task_id: str | None) -> None:
+        if self.dedupe_enqueue and task_id:
+            _forget_marker(client, name, task_id)
+
+    # -- enqueueing ----------------------------------------------------------------
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+        if not self.dedupe_enqueue or self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        _check_class_options(type(self))
+        name = self.lock_name_for(tuple(args or ()), dict(kwargs or {}))
+        client = _client(self.app)
+        store = DocumentStore(client, MARKERS)
+        task_id = task_id or celery.uuid()
+        marker_ttl = self.dedupe_ttl + _delay(self, options)
+        for _attempt in range(5):
+            marker = store.get(name)
+            if marker is not None:
+                queued = marker.value.get("task_id")
+                if queued and queued != task_id:
+                    logger.info("task %s already queued as %s (%s); not queued again", self.name, queued, name)
+                    return self.AsyncResult(queued)
+                break  # our own marker: a retry re-sending this instance
+            running = _running_task_id(client, name, self)
+            if running and running != task_id:
+                logger.info("task %s already running as %s (%s); not queued again", self.name, running, name)
+                return self.AsyncResult(running)
+            value = {"task_id": task_id, "task": self.name}
+            if store.put(name, value, expect=None, ttl=marker_ttl) is not None:
+                break
+        else:
+            raise TaskLocked(f"could not record the enqueue marker of {name}: it kept changing", lock_name=name)
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            _forget_marker(client, name, task_id)
+            raise
+
+
+class RWLockTask(SingletonTask):
+    """A task that runs under the read or write side of a named read-write lock."""
+
+    on_conflict = "wait"
+    lock_mode = "write"
+
+
+# -- decorators -------------------------------------------------------------------
+
+
+@overload
+def singleton_task(fun: F) -> Any: ...
+@overload
+def singleton_task(
+    *,
+    key: KeySpec = None,
+    lock_ttl: float | None = None,
+    on_conflict: str = "skip",
+    lock_timeout: float | None = None,
+    retry_countdown: float = 5.0,
+    dedupe_enqueue: bool = False,
+    dedupe_ttl: float = 3600.0,
+    app: celery.Celery | None = None,
+    base: type[celery.Task] | None = None,
+    **options: Any,
+) -> Callable[[F], Any]: ...
+def singleton_task(fun: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Register ``fun`` as a task of which one run (per key) happens at a time, cluster-wide.
+
+    Accepts every option ``celery.shared_task`` accepts, ``app=`` to register
+    on that app, and the lock options of :class:`SingletonTask`.
+    """
+    return _decorator(fun, SingletonTask, options, "singleton_task")
+
+
+@overload
+def rwlock_task(fun: F) -> Any: ...
+@overload
+def rwlock_task(
+    *,
+    lock: str | Callable[[tuple[Any, ...], dict[str, Any]], str],
+    mode: str,
+    lock_ttl: float | None = None,
+    on_conflict: str = "wait",
+    lock_timeout: float | None = None,
+    retry_countdown: float = 5.0,
+    app: celery.Celery | None = None,
+    base: type[celery.Task] | None = None,
+    **options: Any,
+) -> Callable[[F], Any]: ...
+def rwlock_task(fun: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Register ``fun`` as a task that runs under the ``mode`` side of the read-write lock ``lock``.
+
+    ``lock`` is a name, a format string over the arguments, or a callable
+    ``(args, kwargs) -> str``; ``mode`` is ``"read"`` (many at once) or
+    ``"write"`` (alone).
+    """
+    if fun is not None:
+        raise TypeError("rwlock_task needs lock= and mode=: use @rwlock_task(lock=..., mode=...)")
+    for required in ("lock", "mode"):
+        if required not in options:
+            raise TypeError(f"rwlock_task() missing the {required}= argument")
+    if "dedupe_enqueue" in options:
+        raise TypeError("rwlock_task does not take dedupe_enqueue (readers with one lock are not duplicates)")
+    options["lock_name"] = options.pop("lock")
+    options["lock_mode"] = options.pop("mode")
+    return _decorator(None, RWLockTask, options, "rwlock_task")
+
+
+def _decorator(
+    fun: Callable[..., Any] | None, default_base: type[SingletonTask], options: dict[str, Any], what: str
+) -> Any:
+    app = options.pop("app", None)
+    base = options.pop("base", None) or default_base
+    if not isinstance(base, type) or not issubclass(base, celery.Task):
+        raise TypeError(f"{what}(base=...) must be a celery Task subclass, not {base!r}")
+    if not issubclass(base, SingletonTask):
+        # keep the user's base behaviour and add the lock around it
+        base = type(f"{default_base.__name__}{base.__name__}", (default_base, base), {})
+    lock_options = {k: options[k] for k in _LOCK_OPTIONS if k in options}
+    _check_options(lock_options, what)
+
+    def register(function: Callable[..., Any]) -> Any:
+        if not callable(function):
+            raise TypeError(f"{what} decorates a function, not {function!r}")
+        _check_key_names(function, bool(options.get("bind")), lock_options, what)
+        if app is not None:
+            return app.task(base=base, **options)(function)
+        return shared_task(base=base, **options)(function)
+
+    return register(fun) if fun is not None else register
+
+
+# -- option checks -------------------------------------------------------------------
+
+_LOCK_OPTIONS = (
+    "key", "lock_ttl", "on_conflict", "lock_timeout", "retry_countdown", "dedupe_enqueue", "dedupe_ttl",
+    "lock_name", "lock_mode",
+)
+
+
+def _check_options(options: dict[str, Any], where: str) -> None:
+    key = options.get("key")
+    if key is not None and not (isinstance(key, str) or callable(key) or _is_names(key)):
+        raise TypeError(
+            f"{where}: key must be None, a list of argument names, a format string or a callable, not {key!r}"
+        )
+    if isinstance(key, str) and not key:
+        raise ValueError(f"{where}: key must not be an empty string")
+    if options.get("lock_ttl") is not None:
+        check_ttl(options["lock_ttl"], f"{where}: lock_ttl")
+    on_conflict = options.get("on_conflict", "skip")
+    if on_conflict not in ON_CONFLICT:
+        choices = ", ".join(map(repr, ON_CONFLICT))
+        raise ValueError(f"{where}: on_conflict must be one of {choices}, not {on_conflict!r}")
+    if options.get("lock_timeout") is not None:
+        _non_negative(options["lock_timeout"], f"{where}: lock_timeout")
+    if "retry_countdown" in options:
+        _non_negative(options["retry_countdown"], f"{where}: retry_countdown")
+    if "dedupe_ttl" in options:
+        check_ttl(options["dedupe_ttl"], f"{where}: dedupe_ttl")
+    if not isinstance(options.get("dedupe_enqueue", False), bool):
+        raise TypeError(f"{where}: dedupe_enqueue must be True or False, not {options['dedupe_enqueue']!r}")
+    if "lock_name" in options:
+        lock_name = options["lock_name"]
+        if not (isinstance(lock_name, str) and lock_name) and not callable(lock_name) and lock_name is not None:
+            raise TypeError(f"{where}: lock must be a non-empty name, a format string or a callable, not {lock_name!r}")
+    mode = options.get("lock_mode")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"{where}: mode must be 'read' or 'write', not {mode!r}")
+    if options.get("dedupe_enqueue") and mode is not None:
+        raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
+
+
+def _check_class_options(cls: type[SingletonTask]) -> None:
+    if cls.__dict__.get("_etcdlock_checked"):
+        return
+    where = f"task {cls.name or cls.__name__}"
+    _check_options({k: getattr(cls, k) for k in _LOCK_OPTIONS}, where)
+    run = cls.__dict__.get("run")
+    if run is not None:
+        function = run.__func__ if isinstance(run, staticmethod) else run
+        bound_first = not isinstance(run, staticmethod)
+        _check_key_names(function, bound_first, {"key": cls.key}, where)
+    cls._etcdlock_checked = True
+
+
+def _check_key_names(function: Callable[..., Any], bound: bool, options: dict[str, Any], where: str) -> None:
+    key = options.get("key")
+    if not _is_names(key):
+        return
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if bound and parameters:
+        parameters = parameters[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    known = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    missing = [n for n in key or () if n not in known]
+    if missing:
+        raise ValueError(
+            f"{where}: key names {', '.join(map(repr, missing))} that are not arguments of "
+            f"{getattr(function, '__qualname__', function)} (it takes {', '.join(sorted(known)) or 'none'})"
+        )
+
+
+def _is_names(value: object) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(n, str) and n for n in value)
+    )
+
+
+def _non_negative(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
+    return float(value)
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def _render(spec: Any, task: SingletonTask, args: tuple[Any, ...], kwargs: dict[str, Any], option: str) -> str:
+    """The text of a ``key``/``lock`` option for one call's arguments."""
+    if callable(spec) and not isinstance(spec, str):
+        text = spec(args, kwargs)
+        if not isinstance(text, str) or not text:
+            raise TypeError(f"task {task.name}: the {option} callable must return a non-empty str, not {text!r}")
+        return text
+    arguments = _bind(task, args, kwargs)
+    if isinstance(spec, str):
+        try:
+            text = spec.format(*args, **arguments)
+        except (KeyError, IndexError, AttributeError) as exc:
+            raise ValueError(f"task {task.name}: {option} {spec!r} names {exc} that the call does not have") from None
+        if not text:
+            raise ValueError(f"task {task.name}: {option} {spec!r} rendered to an empty name")
+        return text
+    parts = []
+    for name in spec or ():
+        if name not in arguments:
+            raise ValueError(f"task {task.name}: {option} names argument {name!r} that the call does not have")
+        parts.append(f"{name}={json.dumps(arguments[name], sort_keys=True, default=str)}")
+    return ",".join(parts)
+
+
+def _bind(task: SingletonTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults applied, extra keywords flattened in."""
+    signature = _signature(task)
+    if signature is None:
+        return dict(kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"task {task.name} called with arguments that do not fit its signature: {exc}") from None
+    bound.apply_defaults()
+    arguments: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            arguments[name] = value
+    return arguments
+
+
+_signatures: weakref.WeakKeyDictionary[type, inspect.Signature | None] = weakref.WeakKeyDictionary()
+
+
+def _signature(task: SingletonTask) -> inspect.Signature | None:
+    cls = type(task)
+    if cls not in _signatures:
+        try:
+            _signatures[cls] = inspect.signature(task.run)
+        except (TypeError, ValueError):
+            _signatures[cls] = None
+    return _signatures[cls]
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+class _RunningLocks(threading.local):
+    """The locks held by the task runs of this thread (a stack: tasks may call tasks)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[SingletonTask, TaskLock]] = []
+
+    def stack(self) -> list[tuple[SingletonTask, TaskLock]]:
+        return self.items
+
+    def push(self, task: SingletonTask, lock: TaskLock) -> None:
+        self.items.append((task, lock))
+        with _held_lock:
+            _held.add(lock)
+
+    def pop(self) -> None:
+        _task, lock = self.items.pop()
+        with _held_lock:
+            _held.discard(lock)
+
+
+_running = _RunningLocks()
+_held: set[TaskLock] = set()  # every task lock held in this process, for the SIGTERM handler
+_held_lock = threading.Lock()
+_used_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _client(app: celery.Celery) -> Client:
+    client = client_for(app)
+    _used_clients.add(client)
+    return client
+
+
+def _release(lock: TaskLock, name: str, task_id: str | None, hostname: str) -> None:
+    try:
+        lock.release()
+    except EtcdLockError as exc:
+        logger.warning(
+            "task %s on %s could not release %s (%s); it expires within %ss", task_id, hostname, name, exc, lock.ttl
+        )
+    else:
+        logger.debug("task %s on %s released %s", task_id, hostname, name)
+
+
+def _holders(lock: TaskLock) -> list[dict[str, Any]]:
+    try:
+        return list(lock.holders())
+    except EtcdLockError as exc:
+        logger.warning("could not read the holders of %s: %s", lock.name, exc)
+        return []
+
+
+def _first(holders: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return holders[0] if holders else None
+
+
+def _describe(holders: list[dict[str, Any]]) -> str:
+    if not holders:
+        return "another holder (gone by now)"
+    described = []
+    for h in holders:
+        data = h.get("data") or {}
+        if data.get("task_id"):
+            described.append(f"task {data.get('task')}[{data['task_id']}] on {data.get('hostname')}")
+        else:
+            described.append(str(h.get("holder")))
+    return ", ".join(described)
+
+
+def _finished(task: SingletonTask, task_id: str) -> bool:
+    """Whether the result backend already has a final state for ``task_id`` (False if unknown)."""
+    try:
+        return bool(AsyncResult(task_id, app=task.app, backend=task.backend).ready())
+    except Exception:  # no result backend, or it is down: assume not finished
+        return False
+
+
+def _running_task_id(client: Client, name: str, task: SingletonTask) -> str | None:
+    lock = Mutex(client, name, ttl=task.lock_ttl or Settings.from_app(task.app).ttl)
+    for holder in _holders(lock):
+        task_id = (holder.get("data") or {}).get("task_id")
+        if task_id:
+            return str(task_id)
+    return None
+
+
+def _forget_marker(client: Client, name: str, task_id: str) -> None:
+    """Delete the enqueue marker of ``name`` if it is ``task_id``'s (never another instance's)."""
+    store = DocumentStore(client, MARKERS)
+    try:
+        marker = store.get(name)
+        if marker is not None and marker.value.get("task_id") == task_id:
+            store.delete(name, expect=marker)
+    except EtcdLockError as exc:
+        logger.warning("could not delete the enqueue marker of %s (task %s): %s", name, task_id, exc)
+
+
+def _delay(task: SingletonTask, options: dict[str, Any]) -> float:
+    """Seconds the message waits before it may run (countdown or ETA)."""
+    countdown = options.get("countdown")
+    if countdown is not None:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if isinstance(eta, str):
+        eta = datetime.datetime.fromisoformat(eta)
+    if isinstance(eta, datetime.datetime):
+        now = task.app.now()
+        return max(0.0, (maybe_make_aware(eta) - now).total_seconds())
+    return 0.0
+
+
+# -- worker processes ----------------------------------------------------------------------
+
+
+@signals.worker_process_init.connect(weak=False)
+def _init_pool_child(**_: Any) -> None:
+    # Client rebuilds its connections and sessions after fork by itself; here
+    # the child also learns to free its task locks on SIGTERM (revoke with
+    # terminate=True), which would otherwise kill it before any finally runs.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not when billiard remaps SIGTERM
+        signal.signal(signal.SIGTERM, _release_held_and_die)
+
+
+@signals.worker_process_shutdown.connect(weak=False)
+def _close_clients(**_: Any) -> None:
+    for client in list(_used_clients):
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+def _release_held_and_die(signum: int, _frame: Any) -> None:
+    with _held_lock:
+        locks = list(_held)
+    if locks:
+        # on another thread: the interrupted main thread may hold a connection pool's lock
+        releasing = threading.Thread(target=_release_all, args=(locks,), name="etcdlock-sigterm", daemon=True)
+        releasing.start()
+        releasing.join(timeout=2.0)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _release_all(locks: list[TaskLock]) -> None:
+    for lock in locks:
+        with contextlib.suppress(Exception):
+            lock.release()
+            logger.warning("released %s: the task holding it was terminated", lock.name)
