@@ -1,0 +1,9 @@
+"""The shop's Celery app, configured from ``examples.shop.celeryconfig``."""
+
+from celery import Celery
+
+app = Celery("shop", include=["examples.shop.tasks"])
+app.config_from_object("examples.shop.celeryconfig")
+
+# The run log listens to worker and beat signals: import it wherever the app is loaded.
+from . import runlog  # noqa: E402,F401
