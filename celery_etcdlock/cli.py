@@ -41,31 +41,32 @@ class Request:
     """One entry of a lock or election queue: a holder, a waiter or a candidate."""
 
     token: int
-    mode: str  # "read" | "write" (locks); "candidate" (elections)
-    holder: str | None  # who created it, as recorded in the entry ("host:pid" or an identity)
+    mode: str  # "read" | "write" (locks); "leader" | "candidate" (elections)
+    holder: str | None  # a lock holder's "host:pid", an election candidate's identity
     task: str | None  # the Celery task name, when a task holds it
     task_id: str | None
     host: str | None  # the worker's node name (e.g. celery@web-1), when a task recorded it
     ttl: float | None  # seconds left before it expires unless renewed, when the backend reports it
-    data: dict[str, Any] = field(default_factory=dict)  # the entry's whole recorded value
+    value: dict[str, Any] = field(default_factory=dict)  # the entry's whole recorded value
 
     @classmethod
     def from_entry(cls, entry: Entry, mode: str | None = None) -> Request:
         value = entry.value
         recorded = value.get("data")
         data: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
-        holder = _first_str(value, "holder", "identity", "owner") or _first_str(data, "holder", "identity")
-        host = _first_str(data, "hostname", "host", "worker") or _first_str(value, "hostname", "host")
+        # an election candidate's identity is in its data; a lock's holder is "host:pid"
+        holder = _first_str(data, "identity") or _first_str(value, "holder")
+        host = _first_str(data, "hostname")
         ttl = getattr(entry, "ttl", None)
         return cls(
             token=entry.token,
             mode=mode or entry.mode,
             holder=holder,
-            task=_first_str(data, "task", "task_name") or _first_str(value, "task"),
-            task_id=_first_str(data, "task_id", "id") or _first_str(value, "task_id"),
+            task=_first_str(data, "task"),
+            task_id=_first_str(data, "task_id"),
             host=host,
             ttl=float(ttl) if isinstance(ttl, (int, float)) else None,
-            data={k: v for k, v in value.items() if k != "nonce"},
+            value={k: v for k, v in value.items() if k != "nonce"},
         )
 
 
