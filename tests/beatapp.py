@@ -8,7 +8,8 @@
 - ``BEATAPP_BROKER``: the Redis broker URL (also where runs are recorded).
 - ``BEATAPP_RUNS``: the Redis list each run is appended to (JSON), default "beatapp:runs".
 - ``BEATAPP_QUEUE``: the queue name, so that tests sharing a Redis do not mix.
-- ``ETCDLOCK_URL``, ``BEATAPP_BEAT_TTL``, ``BEATAPP_BEAT_NAME``: the etcdlock settings.
+- ``ETCDLOCK_URL``, ``ETCDLOCK_PREFIX``, ``BEATAPP_BEAT_TTL``, ``BEATAPP_BEAT_NAME``,
+  ``BEATAPP_RETRY_MAX_DELAY``: the etcdlock settings.
 - ``BEATAPP_SCHEDULE``: comma-separated entries to schedule, among ``every`` (1 s interval,
   args and kwargs), ``every2`` (2 s), ``cron`` (crontab, every minute), ``solar``
   (sunset in Paris, never due in a test).
@@ -30,6 +31,8 @@ import redis
 from celery import Celery
 from celery.beat import BeatLazyFunc
 from celery.schedules import crontab, solar
+from celery.signals import after_task_publish
+from celery.utils.log import get_logger
 
 BROKER = os.environ.get("BEATAPP_BROKER", "redis://127.0.0.1:6379/0")
 RUNS = os.environ.get("BEATAPP_RUNS", "beatapp:runs")
@@ -47,6 +50,8 @@ app.conf.update(
     etcdlock_retry_max_delay=float(os.environ.get("BEATAPP_RETRY_MAX_DELAY", "5")),
     beat_scheduler="celery_etcdlock.beat:LeaderScheduler",
 )
+if os.environ.get("ETCDLOCK_PREFIX"):
+    app.conf.etcdlock_prefix = os.environ["ETCDLOCK_PREFIX"]
 if os.environ.get("BEATAPP_BEAT_NAME"):
     app.conf.etcdlock_beat_name = os.environ["BEATAPP_BEAT_NAME"]
 
@@ -87,6 +92,15 @@ if "solar" in SCHEDULED:  # needs ephem (celery[solar])
 app.conf.beat_schedule = {name: ENTRIES[name] for name in SCHEDULED}
 
 _redis: redis.Redis | None = None
+logger = get_logger(__name__)
+
+
+@after_task_publish.connect
+def log_published(headers: dict | None = None, body: object = None, **_: object) -> None:
+    """One line per message the beat published, for tests to count (``PUBLISHED <entry> <sender>``)."""
+    if isinstance(body, tuple) and len(body) >= 2:
+        args, kwargs = body[0], body[1]
+        logger.warning("PUBLISHED %s %s %.6f", kwargs.get("entry"), args[0] if args else "?", time.time())
 
 
 @app.task(name="tests.beatapp.record")
