@@ -159,13 +159,26 @@ def make_certificates(directory: Path) -> dict[str, Path]:
         if done.returncode != 0:
             raise ServerError(f"openssl {' '.join(map(str, args))} failed:\n{done.stderr}")
 
-    openssl("req", "-x509", *ec, "-keyout", files["ca_key"], "-out", files["ca"], "-days", "7",
-            "-subj", "/CN=celery-etcdlock test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        files["ca_key"],
+        "-out",
+        files["ca"],
+        "-days",
+        "7",
+        "-subj",
+        "/CN=celery-etcdlock test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     for kind, cn, ext in (
         # etcd's own gateway dials the server with the server cert as a client cert: both usages.
-        ("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                "extendedKeyUsage=serverAuth,clientAuth\n"),
+        ("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"),
         # No CN: etcd 3.5's JSON gateway refuses a client cert with a CN once auth is enabled
         # ("CommonName of client sending a request against gateway will be ignored").
         ("client", "", "extendedKeyUsage=clientAuth\n"),
@@ -175,8 +188,23 @@ def make_certificates(directory: Path) -> dict[str, Path]:
         extfile.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n" + ext)
         subject = f"/CN={cn}" if cn else "/O=celery-etcdlock test client"
         openssl("req", *ec, "-keyout", files[f"{kind}_key"], "-out", csr, "-subj", subject)
-        openssl("x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca_key"], "-CAcreateserial",
-                "-out", files[f"{kind}_cert"], "-days", "7", "-extfile", extfile)
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            files["ca"],
+            "-CAkey",
+            files["ca_key"],
+            "-CAcreateserial",
+            "-out",
+            files[f"{kind}_cert"],
+            "-days",
+            "7",
+            "-extfile",
+            extfile,
+        )
     return files
 
 
@@ -358,7 +386,10 @@ class EtcdServer:
             log.write(f"--- start {' '.join(self._command())}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                self._command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self._command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         self.paused = False
@@ -487,8 +518,11 @@ class EtcdServer:
             headers["Authorization"] = token
         req = urlrequest.Request(self.client_url + path, data=data, headers=headers, method=method)
         try:
-            with urlrequest.urlopen(req, timeout=timeout, context=self.ssl_context(
-                    self.client_cert_auth if client_cert is None else client_cert)) as resp:
+            with urlrequest.urlopen(
+                req,
+                timeout=timeout,
+                context=self.ssl_context(self.client_cert_auth if client_cert is None else client_cert),
+            ) as resp:
                 return resp.status, resp.read()
         except urlerror.HTTPError as exc:
             return exc.code, exc.read()
@@ -517,7 +551,11 @@ class EtcdServer:
         return body.decode()
 
     def proposals_committed(self) -> int:
-        """etcd_server_proposals_committed_total: grows by one per write (and per lease renewal)."""
+        """etcd_server_proposals_committed_total: grows by one per write (and per lease renewal).
+
+        etcd sets this gauge as raft reports commits, so it may trail the last answered write
+        by a moment: compare with a poll (``wait_until``) or over many operations.
+        """
         found = re.search(r"^etcd_server_proposals_committed_total\s+(\S+)$", self.metrics(), re.M)
         if not found:
             raise ServerError("etcd_server_proposals_committed_total not in /metrics")
@@ -538,16 +576,24 @@ class EtcdServer:
     def _enable_v2_auth(self) -> None:
         root = (ROOT_USER, ROOT_PASSWORD)
         everything = {"read": ["/*"], "write": ["/*"]}
-        self._must("PUT /v2/auth/users/root",
-                   self.http("PUT", "/v2/auth/users/root", {"user": ROOT_USER, "password": ROOT_PASSWORD}))
-        self._must("PUT /v2/auth/roles/app",
-                   self.http("PUT", "/v2/auth/roles/app", {"role": "app", "permissions": {"kv": everything}}))
-        self._must("PUT /v2/auth/users/app", self.http(
-            "PUT", "/v2/auth/users/app", {"user": APP_USER, "password": APP_PASSWORD, "roles": ["app"]}))
+        self._must(
+            "PUT /v2/auth/users/root",
+            self.http("PUT", "/v2/auth/users/root", {"user": ROOT_USER, "password": ROOT_PASSWORD}),
+        )
+        self._must(
+            "PUT /v2/auth/roles/app",
+            self.http("PUT", "/v2/auth/roles/app", {"role": "app", "permissions": {"kv": everything}}),
+        )
+        self._must(
+            "PUT /v2/auth/users/app",
+            self.http("PUT", "/v2/auth/users/app", {"user": APP_USER, "password": APP_PASSWORD, "roles": ["app"]}),
+        )
         self._must("PUT /v2/auth/enable", self.http("PUT", "/v2/auth/enable"))
         # v2 creates a "guest" role with full access for anonymous requests: take it away.
-        self._must("PUT /v2/auth/roles/guest", self.http(
-            "PUT", "/v2/auth/roles/guest", {"role": "guest", "revoke": {"kv": everything}}, basic_auth=root))
+        self._must(
+            "PUT /v2/auth/roles/guest",
+            self.http("PUT", "/v2/auth/roles/guest", {"role": "guest", "revoke": {"kv": everything}}, basic_auth=root),
+        )
         self._must("anonymous GET /v2/keys/ (expect 401)", self.http("GET", "/v2/keys/"), ok=(401, 403))
         self._must("app GET /v2/keys/", self.http("GET", "/v2/keys/", basic_auth=(APP_USER, APP_PASSWORD)))
 
@@ -558,8 +604,10 @@ class EtcdServer:
             ("auth/role/add", {"name": "root"}),
             ("auth/user/grant", {"user": ROOT_USER, "role": "root"}),
             ("auth/role/add", {"name": "app"}),
-            ("auth/role/grant",
-             {"name": "app", "perm": {"permType": "READWRITE", "key": every_key, "range_end": every_key}}),
+            (
+                "auth/role/grant",
+                {"name": "app", "perm": {"permType": "READWRITE", "key": every_key, "range_end": every_key}},
+            ),
             ("auth/user/add", {"name": APP_USER, "password": APP_PASSWORD}),
             ("auth/user/grant", {"user": APP_USER, "role": "app"}),
             ("auth/enable", {}),
@@ -602,11 +650,29 @@ class RedisServer:
     def start(self) -> RedisServer:
         for attempt in range(PORT_RETRIES):
             self.port = free_port()
-            cmd = [self.binary, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                   "--dir", str(self.dir), "--logfile", "", "--loglevel", "warning", "--daemonize", "no"]
+            cmd = [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                HOST,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                "",
+                "--loglevel",
+                "warning",
+                "--daemonize",
+                "no",
+            ]
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+                self.process = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                )
             try:
                 wait_until(self._ready, START_TIMEOUT, f"redis-server on {self.endpoint}")
                 return self
@@ -624,7 +690,8 @@ class RedisServer:
     def command(self, *args: str) -> bytes:
         """Send one command (RESP), return the first reply line, or b"" if it could not connect."""
         payload = f"*{len(args)}\r\n".encode() + b"".join(
-            f"${len(a.encode())}\r\n".encode() + a.encode() + b"\r\n" for a in args)
+            f"${len(a.encode())}\r\n".encode() + a.encode() + b"\r\n" for a in args
+        )
         try:
             with socket.create_connection((HOST, self.port), timeout=2) as sock:
                 sock.sendall(payload)
