@@ -225,7 +225,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome: Any = yield
     report = outcome.get_result()
     if report.failed:
-        servers: list[Any] = list(item.stash.get(_servers_key, None) or [])
+        tracked: list[Any] = item.stash.get(_servers_key, [])
+        servers = list(tracked)
         funcargs = getattr(item, "funcargs", {})
         servers += [s for s in funcargs.values() if isinstance(s, EtcdServer) and s not in servers]
         for server in servers:
