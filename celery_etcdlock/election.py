@@ -174,7 +174,7 @@ class Election:
 
     def _observe_loop(self) -> None:
         """Follow the queue's first entry with a watch, to report who leads."""
-        known: object = object()
+        known: str | None = None  # nobody leads until the queue says otherwise
         backend = self.client.backend
         while not self._stopping.is_set():
             try:

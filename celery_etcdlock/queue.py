@@ -242,6 +242,10 @@ class QueueLock:
                 return False
             # bounded so that a cancelled or lost request notices within about a TTL
             result = self._backend.wait_gone(blocker, revision, timeout=min(remaining, max(1.0, self.ttl)))
+            if result is WaitResult.STALE:
+                logger.debug(
+                    "lock %s: %s cannot watch from index %d any more; reading again", self.name, self.holder, revision
+                )
             if result is not WaitResult.TIMEOUT or not claim.alive:
                 return not self._cancelled.is_set()
 

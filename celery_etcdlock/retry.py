@@ -39,7 +39,8 @@ class Transient(Exception):
 
 
 retry_if_transient = tenacity.retry_if_exception_type(Transient)
-backoff = tenacity.wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1)
+backoff = tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.1)
+quick_backoff = tenacity.wait_exponential(multiplier=0.05, max=0.5) + tenacity.wait_random(0, 0.05)
 
 
 def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
@@ -66,7 +67,7 @@ def renewal_policy(deadline: float, operation: str) -> tenacity.Retrying:
     """Retry a transient failure only while the next attempt could beat ``deadline`` (monotonic)."""
     return tenacity.Retrying(
         retry=retry_if_transient,
-        wait=tenacity.wait_exponential_jitter(initial=0.05, max=0.5, jitter=0.05),
+        wait=quick_backoff,
         stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
         before_sleep=_log_retry(operation),
         reraise=True,

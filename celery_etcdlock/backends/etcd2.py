@@ -106,6 +106,9 @@ class Etcd2Backend(Backend):
                 ca_cert=opts.ca,
                 per_host_pool_size=32,
             )
+            # urllib3 would retry on its own (re-sending a POST, and hiding the endpoint's failure):
+            # the retry policy decides instead, and can switch endpoints
+            client.http.connection_pool_kw["retries"] = False
             self._clients[index] = client
         return client
 
@@ -143,7 +146,8 @@ class Etcd2Backend(Backend):
 
     def _classify(self, endpoint: str, payload: dict[str, Any], message: str) -> Exception:
         code, status = payload.get("errorCode"), payload.get("status")
-        if code is None and status == 404:
+        # etcd without v2 answers "404 page not found" as plain text, which python-etcd cannot decode
+        if code is None and (status == 404 or "404 page not found" in str(payload.get("cause", ""))):
             return UnsupportedServer(
                 f"etcd at {endpoint} does not serve the v2 keys API (etcd 3.4 and 3.5 need --enable-v2, "
                 "3.6 has none): use an etcd3:// URL instead"

@@ -1,0 +1,121 @@
+"""Election against a real etcd, with real processes: one leader, fast fail-over, no split brain."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from celery_etcdlock import Election, LeaderEvent
+from tests.agents import agent, wait_until, walls
+
+
+def test_campaign_resign_and_leader(client):
+    a = Election(client, "svc", identity="a", ttl=5)
+    b = Election(client, "svc", identity="b", ttl=5)
+    assert a.leader() is None
+    assert a.campaign(timeout=5)
+    assert a.is_leader and a.token is not None
+    assert b.leader() == "a"
+    assert not b.campaign(timeout=0.3)
+    a.resign()
+    assert not a.is_leader
+    assert b.campaign(timeout=5)
+    assert a.leader() == b.leader() == "b"
+    b.resign()
+
+
+def test_events_sequence(client):
+    a = Election(client, "ev", identity="a", ttl=5)
+    b = Election(client, "ev", identity="b", ttl=5)
+    a.start()
+    events_a = a.events()
+    assert next(events_a) == LeaderEvent("elected", "a")
+    b.start()
+    events_b = b.events()
+    assert next(events_b) == LeaderEvent("changed", "a")
+    a.stop()  # resigns: b leads at once
+    assert list(events_a) == []  # ended by stop(), nothing more after it
+    assert next(events_b) == LeaderEvent("elected", "b")
+    b.stop()
+    assert list(events_b) == []
+
+
+def test_bad_input(client):
+    with pytest.raises(ValueError, match="identity"):
+        Election(client, "x", identity="", ttl=5)
+    with pytest.raises(ValueError, match="ttl"):
+        Election(client, "x", identity="a", ttl=0)
+    with pytest.raises(ValueError, match="name"):
+        Election(client, "", identity="a", ttl=5)
+
+
+@contextlib.contextmanager
+def candidates(url, n, ttl, **extra):
+    procs = [agent("elect", url=url, name="cluster", identity=f"node-{i}", ttl=ttl, **extra) for i in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def leader_of(procs):
+    leading = [p for p in procs if p.lines and any("EVENT elected" in line for line in p.lines)]
+    return leading
+
+
+def test_exactly_one_leader_among_three_and_all_agree(etcd_url, client):
+    with candidates(etcd_url, 3, ttl=3) as procs:
+        wait_until(lambda: len(leader_of(procs)) == 1, 30)
+        (leader,) = leader_of(procs)
+        identity = f"node-{procs.index(leader)}"
+        observer = Election(client, "cluster", identity="observer", ttl=3)
+        assert observer.leader() == identity
+        for p in procs:
+            if p is not leader:
+                p.expect(rf"EVENT changed leader={identity}", timeout=15)
+
+
+def test_killed_leader_is_replaced_within_ttl(etcd_url, client):
+    ttl = 2
+    with candidates(etcd_url, 3, ttl=ttl) as procs:
+        wait_until(lambda: len(leader_of(procs)) == 1, 30)
+        (old,) = leader_of(procs)
+        old.kill()
+        killed_at = time.time()
+        rest = [p for p in procs if p is not old]
+        wait_until(lambda: len(leader_of(rest)) == 1, ttl + 10)
+        (new,) = leader_of(rest)
+        elected = next(line for line in new.lines if "EVENT elected" in line)
+        assert walls(elected) - killed_at <= ttl + 1
+
+
+def test_resign_hands_over_promptly(etcd_url):
+    ttl = 10  # a handover that waited for expiry would take 10 s
+    first = agent("elect", url=etcd_url, name="cluster", identity="first", ttl=ttl, resign_after=2.0)
+    with first:
+        first.expect("EVENT elected", timeout=30)
+        with agent("elect", url=etcd_url, name="cluster", identity="second", ttl=ttl) as second:
+            second.expect("EVENT changed leader=first", timeout=30)
+            resigned = first.expect("RESIGNING", timeout=30)
+            elected = second.expect("EVENT elected", timeout=ttl)
+            assert walls(elected.string) - walls(resigned.string) < ttl / 2
+
+
+def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
+    ttl = 1
+    with candidates(etcd_url, 2, ttl=ttl) as procs:
+        wait_until(lambda: len(leader_of(procs)) == 1, 30)
+        (old,) = leader_of(procs)
+        (other,) = [p for p in procs if p is not old]
+        old.stop()
+        other.expect("EVENT elected", timeout=ttl + 10)
+        resumed_at = time.time()
+        old.cont()
+        old.expect("EVENT deposed", timeout=15)
+        old.expect("EVENT changed leader=node-", timeout=15)
+        assert not any("EVENT deposed" in line for line in other.lines)
+        # the other node leads throughout: the resumed one must never report leading
+        assert not [line for line in old.lines if line.startswith("LEADING") and walls(line) >= resumed_at]

@@ -1,0 +1,308 @@
+"""Mutex against a real etcd: exclusion, tokens, crashes, pauses, outages, FIFO."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import threading
+import time
+
+import pytest
+
+from celery_etcdlock import LockLost, Mutex, NotHeld, connect
+from celery_etcdlock.backends.base import WaitResult
+from celery_etcdlock.keys import LOCKS, encode_name
+from tests.agents import agent, wait_until, walls
+
+
+def test_acquire_release_and_token(client):
+    lock = Mutex(client, "reports/daily", ttl=5)
+    assert not lock.held and lock.token is None
+    assert lock.acquire()
+    assert lock.held and isinstance(lock.token, int)
+    first = lock.token
+    assert lock.holders() == [{"holder": lock.holder, "token": first, "mode": "write", "data": {}}]
+    lock.release()
+    assert not lock.held
+    assert lock.holders() == []
+    with Mutex(client, "reports/daily", ttl=5) as again:
+        assert again.token > first
+
+
+def test_second_lock_waits_and_times_out(client):
+    with Mutex(client, "x", ttl=5):
+        other = Mutex(client, "x", ttl=5)
+        assert other.acquire(blocking=False) is False
+        assert other.acquire(timeout=0.3) is False
+        assert not other.held
+    assert other.acquire(timeout=5)
+    other.release()
+
+
+def test_timed_out_waiter_leaves_no_entry(client):
+    holder = Mutex(client, "x", ttl=5)
+    holder.acquire()
+    assert not Mutex(client, "x", ttl=5).acquire(timeout=0.2)
+    queues = client.backend.list_queues(LOCKS)
+    assert [len(entries) for entries in queues.values()] == [1]
+    holder.release()
+
+
+def test_release_errors(client):
+    lock = Mutex(client, "x", ttl=5)
+    with pytest.raises(NotHeld):
+        lock.release()
+    lock.acquire()
+    lock.release()
+    with pytest.raises(NotHeld):
+        lock.release()
+
+
+def test_not_reentrant(client):
+    lock = Mutex(client, "x", ttl=5)
+    with lock, pytest.raises(RuntimeError, match="not reentrant"):
+        lock.acquire()
+
+
+def test_threads_of_one_process_exclude_each_other(client):
+    inside = 0
+    overlaps = []
+    turns = []
+
+    def work(i: int) -> None:
+        nonlocal inside
+        lock = Mutex(client, "shared", ttl=5)
+        for _ in range(5):
+            with lock:
+                inside += 1
+                overlaps.append(inside)
+                turns.append(lock.token)
+                time.sleep(0.002)
+                inside -= 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(turns) == 20
+    assert max(overlaps) == 1
+    assert turns == sorted(turns) and len(set(turns)) == 20
+
+
+def test_fifo_order_of_waiters(client):
+    holder = Mutex(client, "fifo", ttl=5)
+    holder.acquire()
+    order: list[int] = []
+    threads = []
+    for i in range(5):
+        lock = Mutex(client, "fifo", ttl=5)
+
+        def wait(i: int = i, lock: Mutex = lock) -> None:
+            with lock:
+                order.append(i)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        threads.append(t)
+        # the next waiter starts only once this one has queued
+        wait_until(lambda i=i: sum(map(len, client.backend.list_queues(LOCKS).values())) == i + 2, 10)
+    holder.release()
+    for t in threads:
+        t.join(30)
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_names_map_to_their_own_keys_inside_the_prefix(client):
+    names = ["a/b", "a", "..", "../..", "a b", "é/ü", "~2F", "a~2Fb"]
+    locks = [Mutex(client, n, ttl=5) for n in names]
+    for lock in locks:
+        assert lock.acquire(blocking=False), lock.name
+    queues = client.backend.list_queues(LOCKS)
+    assert sorted(queues) == sorted(f"{LOCKS}/{encode_name(n)}" for n in names)
+    for key in queues:
+        assert re.fullmatch(r"locks/[A-Za-z0-9_~-]+", key), key
+    for lock in locks:
+        lock.release()
+
+
+@pytest.mark.parametrize("ttl", [0, -1, "3", None, float("nan"), True])
+def test_bad_ttl(client, ttl):
+    with pytest.raises((ValueError, TypeError), match="ttl"):
+        Mutex(client, "x", ttl=ttl)
+
+
+@pytest.mark.parametrize("name", ["", None, 3])
+def test_bad_name(client, name):
+    with pytest.raises((ValueError, TypeError), match="name"):
+        Mutex(client, name, ttl=5)
+
+
+def test_bad_timeout(client):
+    with pytest.raises(ValueError, match="timeout"):
+        Mutex(client, "x", ttl=5).acquire(timeout=-1)
+
+
+def test_release_never_deletes_another_holders_lock(client):
+    first = Mutex(client, "x", ttl=5)
+    first.acquire()
+    # an operator force-deletes the entry (as `celery etcdlock release` does); someone else acquires
+    for entries in client.backend.list_queues(LOCKS).values():
+        for entry in entries:
+            client.backend.delete_entry(entry)
+    second = Mutex(client, "x", ttl=5)
+    assert second.acquire(timeout=5)
+    first.release()  # must not touch the second holder's entry
+    assert second.held
+    assert second.holders()[0]["token"] == second.token
+    second.release()
+
+
+def test_live_holder_keeps_the_lock_for_three_ttls(etcd_url, client):
+    ttl = 1
+    with agent("hold", url=etcd_url, name="long", ttl=ttl) as holder:
+        holder.expect("HELD", timeout=15)
+        contender = Mutex(client, "long", ttl=ttl)
+        assert contender.acquire(timeout=3 * ttl) is False
+        assert holder.expect(r"held=True", timeout=5)
+        assert not any("LOST" in line for line in holder.lines)
+
+
+def test_killed_holder_frees_the_lock_within_ttl(etcd_url, client):
+    ttl = 2
+    with agent("hold", url=etcd_url, name="crash", ttl=ttl) as holder:
+        holder.expect("HELD", timeout=15)
+        holder.kill()
+        contender = Mutex(client, "crash", ttl=ttl)
+        assert contender.acquire(timeout=ttl + 1), "the dead holder's lock was not freed within ttl + 1 s"
+        contender.release()
+
+
+def test_mutual_exclusion_across_processes(etcd_url, tmp_path):
+    counter, tokens = tmp_path / "counter", tmp_path / "tokens"
+    counter.write_text("0")
+    tokens.write_text("")
+    procs, rounds = 6, 15
+    runners = [
+        agent("counter", url=etcd_url, name="rmw", ttl=5, rounds=rounds, counter=str(counter), tokens=str(tokens))
+        for _ in range(procs)
+    ]
+    try:
+        for runner in runners:
+            runner.expect("DONE", timeout=120)
+    finally:
+        for runner in runners:
+            runner.kill()
+    assert int(counter.read_text()) == procs * rounds, "lost updates: the lock let two holders in"
+    logged = [int(t) for t in tokens.read_text().split()]
+    assert len(logged) == procs * rounds
+    assert all(a < b for a, b in zip(logged, logged[1:], strict=False)), "tokens are not strictly increasing"
+
+
+def test_paused_holder_never_believes_it_holds(etcd_url, client):
+    ttl = 1
+    with agent("hold", url=etcd_url, name="paused", ttl=ttl, every=0.01) as holder:
+        holder.expect("HELD", timeout=15)
+        holder.stop()
+        contender = Mutex(client, "paused", ttl=ttl)
+        assert contender.acquire(timeout=ttl + 3)
+        resumed_at = time.time()
+        holder.cont()
+        holder.expect("LOST", timeout=10)
+        holder.expect(r"held=False", timeout=10)
+        after = [line for line in holder.lines if "held=" in line and walls(line) >= resumed_at]
+        assert after and all("held=False" in line for line in after), after
+        assert contender.held
+        contender.release()
+
+
+def test_etcd_outage_marks_the_lock_lost_before_anyone_can_acquire(own_etcd):
+    url = own_etcd.url()
+    ttl = 2
+    with agent("hold", url=url, name="outage", ttl=ttl, every=0.05) as holder:
+        holder.expect("HELD", timeout=15)
+        own_etcd.pause()
+        try:
+            lost = holder.expect("LOST", timeout=ttl + 5)
+        finally:
+            own_etcd.resume()
+        lost_at = walls(lost.string)
+        client = connect(url)
+        contender = Mutex(client, "outage", ttl=ttl)
+        assert contender.acquire(timeout=ttl + 5)
+        acquired_at = time.time()
+        assert lost_at < acquired_at
+        assert all("held=False" in line for line in holder.lines if "held=" in line and walls(line) > lost_at)
+        contender.release()
+
+
+def test_lock_lost_in_a_with_block_raises_on_exit(own_etcd):
+    client = connect(own_etcd.url(), retry_max_delay=0.5)
+    lost = threading.Event()
+    lock = Mutex(client, "block", ttl=1, on_lost=lambda lk: lost.set())
+    with pytest.raises(LockLost), lock:
+        own_etcd.pause()
+        try:
+            assert lost.wait(10), "on_lost was not called"
+            assert not lock.held
+        finally:
+            own_etcd.resume()
+    with pytest.raises(NotHeld):
+        lock.release()
+
+
+def test_survives_etcd_restart(own_etcd):
+    url = own_etcd.url()
+    with agent("churn", url=url, name="restart", ttl=2, seconds=6) as churner:
+        churner.expect("CYCLE", timeout=15)
+        own_etcd.restart()
+        done = churner.expect(r"DONE cycles=(\d+)", timeout=60)
+        assert int(done.group(1)) > 0
+    client = connect(url)
+    lock = Mutex(client, "restart", ttl=2)
+    assert lock.acquire(timeout=10)
+    lock.release()
+
+
+def test_watch_from_a_cleared_index_is_stale(client):
+    """v2 keeps 1000 events: a watch from an older index must say so, not hang or fail."""
+    lock = Mutex(client, "cleared", ttl=5)
+    lock.acquire()
+    snapshot = client.backend.read_queue(lock.queue)
+    _make_noise(client, 1100)
+    result = client.backend.wait_gone(snapshot.entries[0], snapshot.revision, timeout=2)
+    if client.api == "v2":
+        assert result is WaitResult.STALE
+    else:
+        assert result is WaitResult.TIMEOUT  # v3 keeps history until compaction
+    lock.release()
+
+
+def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
+    """More than 1000 events while a waiter waits: its next watch gets error 401 and it reads again."""
+    if client.api != "v2":
+        pytest.skip("v2's event window; v3 compaction is covered by the backend tests")
+    caplog.set_level(logging.DEBUG, logger="celery_etcdlock.queue")
+    holder = Mutex(client, "cleared", ttl=1)
+    holder.acquire()
+    waiter = Mutex(client, "cleared", ttl=1)
+    acquired = threading.Event()
+    thread = threading.Thread(target=lambda: waiter.acquire(timeout=60) and acquired.set())
+    thread.start()
+    wait_until(lambda: sum(map(len, client.backend.list_queues(LOCKS).values())) == 2, 10)
+    # keep writing until the waiter's watch chunk lapses and its next watch finds the index cleared
+    wait_until(lambda: _make_noise(client, 200) or "cannot watch from index" in caplog.text, 60)
+    holder.release()
+    assert acquired.wait(20), "the waiter did not recover from the cleared event index"
+    thread.join(5)
+    waiter.release()
+
+
+_noise = itertools.count()
+
+
+def _make_noise(client, events: int) -> None:
+    for _ in range(events):
+        i = next(_noise)
+        client.backend.put_record(f"records/noise/{i}", {"i": i}, expect=None, ttl=30)
