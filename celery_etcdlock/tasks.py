@@ -30,8 +30,6 @@ import contextlib
 import datetime
 import inspect
 import json
-import os
-import signal
 import socket
 import threading
 import weakref
@@ -526,18 +524,12 @@ class _RunningLocks(threading.local):
 
     def push(self, task: SingletonTask, lock: TaskLock) -> None:
         self.items.append((task, lock))
-        with _held_lock:
-            _held.add(lock)
 
     def pop(self) -> None:
-        _task, lock = self.items.pop()
-        with _held_lock:
-            _held.discard(lock)
+        self.items.pop()
 
 
 _running = _RunningLocks()
-_held: set[TaskLock] = set()  # every task lock held in this process, for the SIGTERM handler
-_held_lock = threading.Lock()
 _used_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
@@ -626,38 +618,17 @@ def _delay(task: SingletonTask, options: dict[str, Any]) -> float:
 
 
 # -- worker processes ----------------------------------------------------------------------
-
-
-@signals.worker_process_init.connect(weak=False)
-def _init_pool_child(**_: Any) -> None:
-    # Client rebuilds its connections and sessions after fork by itself; here
-    # the child also learns to free its task locks on SIGTERM (revoke with
-    # terminate=True), which would otherwise kill it before any finally runs.
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not when billiard remaps SIGTERM
-        signal.signal(signal.SIGTERM, _release_held_and_die)
+#
+# Each prefork child builds its own connections, session and renewer thread on
+# first use (Client and Session reset themselves after fork), so the parent
+# holds nothing. revoke(terminate=True) and the soft time limit raise in the
+# child (billiard turns SIGTERM into SystemExit), so __call__'s finally
+# releases the lock; SIGKILL and the hard time limit leave it to the TTL.
 
 
 @signals.worker_process_shutdown.connect(weak=False)
 def _close_clients(**_: Any) -> None:
+    """A recycled pool child gives its sessions back at once (v3 revokes its lease)."""
     for client in list(_used_clients):
         with contextlib.suppress(Exception):
             client.close()
-
-
-def _release_held_and_die(signum: int, _frame: Any) -> None:
-    with _held_lock:
-        locks = list(_held)
-    if locks:
-        # on another thread: the interrupted main thread may hold a connection pool's lock
-        releasing = threading.Thread(target=_release_all, args=(locks,), name="etcdlock-sigterm", daemon=True)
-        releasing.start()
-        releasing.join(timeout=2.0)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _release_all(locks: list[TaskLock]) -> None:
-    for lock in locks:
-        with contextlib.suppress(Exception):
-            lock.release()
-            logger.warning("released %s: the task holding it was terminated", lock.name)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 from celery import Celery
@@ -30,9 +32,16 @@ ETCD_URL = os.environ.get("ETCDLOCK_TEST_ETCD_URL", "etcd://127.0.0.1:2379?prefi
 REDIS_URL = os.environ.get("ETCDLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SHORT_TTL = 2  # the lock TTL of the tasks that tests kill or stop
 
+
+
+def _prefix(url: str) -> str:
+    return parse_qs(urlsplit(url).query).get("prefix", ["/celery-etcdlock"])[0]
+
+
 app = Celery("taskapp", broker=REDIS_URL, backend=REDIS_URL)
 app.conf.update(
     etcdlock_url=ETCD_URL,
+    etcdlock_prefix=_prefix(ETCD_URL),
     etcdlock_ttl=10,
     etcdlock_retry_max_delay=10,
     task_serializer="json",
@@ -46,6 +55,15 @@ app.conf.update(
 
 _redis: redis.Redis | None = None
 _redis_pid = 0
+
+
+def configure(etcd_url: str, redis_url: str) -> None:
+    """Point this process's app (a test's client side) at the servers the worker uses."""
+    global ETCD_URL, REDIS_URL, _redis
+    ETCD_URL, REDIS_URL, _redis = etcd_url, redis_url, None
+    app.conf.update(
+        etcdlock_url=etcd_url, etcdlock_prefix=_prefix(etcd_url), broker_url=redis_url, result_backend=redis_url
+    )
 
 
 def store() -> redis.Redis:
@@ -128,6 +146,12 @@ def fragile_task(self: SingletonTask, tag: str, seconds: float = 1.0) -> float:
     return body(tag, seconds, self)
 
 
+@singleton_task(app=app, bind=True, key=["tag"], lock_ttl=60)
+def long_ttl_task(self: SingletonTask, tag: str, seconds: float = 30.0) -> float:
+    """A singleton whose lock outlives a dead holder by a minute, to tell a release from an expiry."""
+    return body(tag, seconds, self)
+
+
 @singleton_task(app=app, bind=True, key=["tag"], lock_ttl=60, soft_time_limit=1)
 def soft_limit_task(self: SingletonTask, tag: str, seconds: float = 30.0) -> float:
     return body(tag, seconds, self)
@@ -161,6 +185,7 @@ def process_info(self: SingletonTask, tag: str, seconds: float = 0.5) -> dict[st
         "client": id(client_for(self.app)),
         "clients": len(client_module._clients),
         "holders": self.lock.holders(),
+        "sigterm": getattr(signal.getsignal(signal.SIGTERM), "__name__", str(signal.getsignal(signal.SIGTERM))),
     }
     body(tag, seconds, self)
     return info

@@ -1,0 +1,350 @@
+"""Singleton and read-write locked tasks through a real Celery worker.
+
+One real ``celery -A tests.taskapp worker --pool=prefork --concurrency=2``
+process for the module, with Redis as broker and result backend and a real
+etcd. The tasks record their runs in Redis (see ``tests.taskapp``); each test
+uses its own tag, so its keys and locks are its own. Processes are killed and
+stopped for real; waits are polls with deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+
+from celery_etcdlock import LockLost, Mutex, TaskLocked, connect
+from tests import taskapp
+from tests.servers import RedisServer
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_TIMEOUT = 60  # generous: 2 loaded cores
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Worker:
+    """A real ``celery worker`` process and what a test needs to observe it."""
+
+    def __init__(self, etcd_url: str, redis_url: str, log: Path) -> None:
+        self.etcd_url = etcd_url
+        self.redis_url = redis_url
+        self.log = log
+        env = dict(os.environ, ETCDLOCK_TEST_ETCD_URL=etcd_url, ETCDLOCK_TEST_REDIS_URL=redis_url)
+        env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+        command = [
+            sys.executable, "-m", "celery", "-A", "tests.taskapp", "worker",
+            "--pool=prefork", "--concurrency=2", "-O", "fair", "-l", "info",
+            "--without-mingle", "--without-gossip", "-n", f"taskworker-{uuid.uuid4().hex[:6]}@%h",
+        ]  # fmt: skip
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            wait_for(lambda: " ready." in self.text() or self.process.poll() is not None, 90, "the worker to start")
+            if self.process.poll() is not None:
+                raise AssertionError(f"the worker exited at start:\n{self.text()[-3000:]}")
+        except BaseException:
+            self.stop()
+            raise
+        self.client = connect(etcd_url)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+    def holders(self, name: str) -> list[dict[str, Any]]:
+        return Mutex(self.client, name, ttl=5).holders()
+
+
+@pytest.fixture(scope="module")
+def worker(etcd_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    redis = RedisServer().start()
+    etcd_url = etcd_server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
+    taskapp.configure(etcd_url, redis.url())
+    started = Worker(etcd_url, redis.url(), tmp_path_factory.mktemp("worker") / "worker.log")
+    try:
+        yield started
+    finally:
+        started.stop()
+        started.client.close()
+        redis.close()
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def events(tag: str, event: str | None = None) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in taskapp.store().lrange(f"events:{tag}", 0, -1)]
+    return [e for e in lines if event is None or e["event"] == event]
+
+
+def max_concurrency(tag: str) -> int:
+    return max((int(x) for x in taskapp.store().lrange(f"concurrency:{tag}", 0, -1)), default=0)
+
+
+def started(tag: str, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
+    return list(wait_for(lambda: len(events(tag, "start")) >= count and events(tag, "start"), timeout, f"{count} runs"))
+
+
+def results(handles: list[Any]) -> list[Any]:
+    return [h.get(timeout=RESULT_TIMEOUT, propagate=False) for h in handles]
+
+
+# -- one run at a time ------------------------------------------------------------------
+
+
+def test_five_submissions_one_run_others_skip(worker: Worker, tag: str) -> None:
+    handles = [taskapp.skip_task.delay(tag, 2.0) for _ in range(5)]
+    values = results(handles)
+    assert sorted(values, key=lambda v: v is None) == [2.0, None, None, None, None]
+    assert len(events(tag, "start")) == 1
+    assert max_concurrency(tag) == 1
+    assert "skipped" in worker.text()
+    assert worker.holders(taskapp.skip_task.lock_name_for((tag,))) == []
+
+
+def test_base_class_task_is_a_singleton(worker: Worker, tag: str) -> None:
+    values = results([taskapp.base_task.delay(tag, 1.5) for _ in range(3)])
+    assert sorted(values, key=lambda v: v is None) == [1.5, None, None]
+    assert len(events(tag, "start")) == 1
+
+
+def test_lock_value_records_task_and_worker_and_bound_task_sees_token(worker: Worker, tag: str) -> None:
+    handle = taskapp.skip_task.delay(tag, 1.5)
+    (start,) = started(tag)
+    (holder,) = worker.holders(taskapp.skip_task.lock_name_for((tag,)))
+    assert holder["data"]["task_id"] == handle.id
+    assert holder["data"]["task"] == "tests.taskapp.skip_task"
+    assert holder["data"]["hostname"].startswith("taskworker-")
+    assert holder["holder"].endswith(f":{start['pid']}")
+    assert start["token"] == holder["token"]
+    handle.get(timeout=RESULT_TIMEOUT)
+
+
+def test_per_key_same_key_serialised_positional_and_keyword_alike(worker: Worker, tag: str) -> None:
+    same, different = f"{tag}-same", f"{tag}-diff"
+    # different keys first: with two pool slots, they can only overlap if neither waits
+    handles = [
+        taskapp.wait_task.delay(different, 1, 1.0),
+        taskapp.wait_task.delay(different, 2, 1.0),
+        taskapp.wait_task.delay(same, 1, 1.0),
+        taskapp.wait_task.delay(tag=same, k=1, seconds=1.0),
+    ]
+    assert results(handles) == [1.0, 1.0, 1.0, 1.0]
+    assert max_concurrency(different) == 2
+    assert max_concurrency(same) == 1
+    assert len(events(same, "start")) == 2
+    assert (
+        taskapp.wait_task.lock_name_for((same, 1))
+        == taskapp.wait_task.lock_name_for((), {"tag": same, "k": 1})
+        == taskapp.wait_task.lock_name_for((same,), {"k": 1, "seconds": 5})
+    )
+
+
+# -- on_conflict ------------------------------------------------------------------------------
+
+
+def test_on_conflict_raise(worker: Worker, tag: str) -> None:
+    first = taskapp.raise_task.delay(tag, 2.0)
+    started(tag)
+    second = taskapp.raise_task.delay(tag, 2.0)
+    with pytest.raises(TaskLocked, match=first.id):
+        second.get(timeout=RESULT_TIMEOUT)
+    assert first.get(timeout=RESULT_TIMEOUT) == 2.0
+    assert len(events(tag, "start")) == 1
+
+
+def test_on_conflict_retry_runs_after_the_holder(worker: Worker, tag: str) -> None:
+    first = taskapp.retry_task.delay(tag, 1.5)
+    started(tag)
+    second = taskapp.retry_task.delay(tag, 0.1)
+    assert results([first, second]) == [1.5, 0.1]
+    runs = events(tag, "start")
+    assert [r["task_id"] for r in runs] == [first.id, second.id]
+    assert runs[1]["retries"] >= 1
+    assert runs[1]["wall"] >= events(tag, "end")[0]["wall"]
+    assert max_concurrency(tag) == 1
+
+
+def test_on_conflict_wait_gives_up_after_lock_timeout(worker: Worker, tag: str) -> None:
+    first = taskapp.short_wait_task.delay(tag, 3.0)
+    started(tag)
+    second = taskapp.short_wait_task.delay(tag, 0.1)
+    with pytest.raises(TaskLocked, match="gave up waiting"):
+        second.get(timeout=RESULT_TIMEOUT)
+    assert first.get(timeout=RESULT_TIMEOUT) == 3.0
+
+
+def test_self_retry_of_a_running_singleton_does_not_conflict_with_itself(worker: Worker, tag: str) -> None:
+    handle = taskapp.self_retry_task.delay(tag, 2)
+    assert handle.get(timeout=RESULT_TIMEOUT) == 2
+    runs = events(tag, "start")
+    assert [(r["task_id"], r["retries"]) for r in runs] == [(handle.id, 0), (handle.id, 1), (handle.id, 2)]
+    assert worker.holders(taskapp.self_retry_task.lock_name_for((tag,))) == []
+
+
+# -- enqueue-time dedupe ------------------------------------------------------------------------
+
+
+def test_dedupe_enqueue_returns_the_queued_then_running_instance(worker: Worker, tag: str) -> None:
+    first = taskapp.dedupe_task.delay(tag, 2.0)
+    queued = taskapp.dedupe_task.delay(tag, 2.0)
+    assert queued.id == first.id
+    started(tag)
+    running = taskapp.dedupe_task.apply_async((tag,), {"seconds": 2.0})
+    assert running.id == first.id
+    assert first.get(timeout=RESULT_TIMEOUT) == 2.0
+    after = taskapp.dedupe_task.delay(tag, 0.1)
+    assert after.id != first.id
+    assert after.get(timeout=RESULT_TIMEOUT) == 0.1
+    assert [e["task_id"] for e in events(tag, "start")] == [first.id, after.id]
+
+
+def test_countdown_task_is_deduped_but_holds_no_lock_while_waiting(worker: Worker, tag: str) -> None:
+    later = taskapp.dedupe_task.apply_async((tag, 0.1), countdown=3)
+    again = taskapp.dedupe_task.delay(tag, 0.1)
+    assert again.id == later.id
+    name = taskapp.dedupe_task.lock_name_for((tag,))
+    assert worker.holders(name) == []
+    # the lock is free while it waits: a plain singleton on the same name runs now
+    with Mutex(worker.client, name, ttl=5) as lock:
+        assert lock.held
+    assert later.get(timeout=RESULT_TIMEOUT) == 0.1
+    assert len(events(tag, "start")) == 1
+
+
+# -- read-write locked tasks -----------------------------------------------------------------
+
+
+def test_rwlock_readers_overlap_writer_runs_alone(worker: Worker, tag: str) -> None:
+    handles = [taskapp.read_task.delay(tag, 1.5), taskapp.read_task.delay(tag, 1.5)]
+    started(tag, 2)
+    handles += [taskapp.write_task.delay(tag, 0.5), taskapp.read_task.delay(tag, 0.5)]
+    assert results(handles) == [1.5, 1.5, 0.5, 0.5]
+    runs = {e["task_id"]: e for e in events(tag, "start")}
+    ends = {e["task_id"]: e for e in events(tag, "end")}
+    intervals = {tid: (runs[tid]["wall"], ends[tid]["wall"], runs[tid]["mode"]) for tid in runs}
+    readers = [(s, e) for s, e, m in intervals.values() if m == "read"]
+    (writer,) = [(s, e) for s, e, m in intervals.values() if m == "write"]
+    assert max_concurrency(tag) == 2  # the two first readers overlapped
+    for start, end in readers:
+        assert end <= writer[0] or start >= writer[1], "a reader ran while the writer did"
+
+
+# -- processes: fork safety, crashes, stops, terminations ---------------------------------------
+
+
+def _etcd_connections(pid: int, port: int) -> int:
+    """How many TCP connections process ``pid`` has open to ``port`` on loopback."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        if remote_port == port and fields[9] in inodes:
+            count += 1
+    return count
+
+
+def test_each_pool_child_has_its_own_client_and_the_parent_none(worker: Worker, tag: str) -> None:
+    a, b = taskapp.process_info.delay(f"{tag}-a", 1.5), taskapp.process_info.delay(f"{tag}-b", 1.5)
+    infos = [a.get(timeout=RESULT_TIMEOUT), b.get(timeout=RESULT_TIMEOUT)]
+    assert {i["ppid"] for i in infos} == {worker.process.pid}
+    assert infos[0]["pid"] != infos[1]["pid"]
+    for info in infos:
+        assert info["clients"] == 1  # one client per process, whatever the number of task calls
+        (holder,) = info["holders"]
+        assert holder["holder"].endswith(f":{info['pid']}")
+    port = int(worker.etcd_url.split("//")[1].split("?")[0].rsplit(":", 1)[1])
+    assert _etcd_connections(worker.process.pid, port) == 0
+
+
+def test_sigkilled_worker_frees_the_lock_within_ttl(worker: Worker, tag: str) -> None:
+    handle = taskapp.fragile_task.delay(tag, 60)
+    (start,) = started(tag)
+    name = taskapp.fragile_task.lock_name_for((tag,))
+    assert worker.holders(name)
+    os.kill(start["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: worker.holders(name) == [], taskapp.SHORT_TTL + 10, "the dead worker's lock to expire")
+    assert time.monotonic() - killed <= taskapp.SHORT_TTL + 1
+    assert handle.get(timeout=RESULT_TIMEOUT, propagate=False) is not None  # WorkerLostError
+    assert taskapp.fragile_task.delay(tag, 0.1).get(timeout=RESULT_TIMEOUT) == 0.1
+
+
+def test_stopped_past_ttl_loses_lock_is_reported_and_next_run_not_blocked(worker: Worker, tag: str) -> None:
+    stopped = taskapp.fragile_task.delay(tag, 3.0)
+    (start,) = started(tag)
+    os.kill(start["pid"], signal.SIGSTOP)
+    try:
+        successor = taskapp.fragile_task.delay(tag, 0.5)
+        # runs on the other pool child once the stopped holder's entry expires
+        wait_for(lambda: len(events(tag, "start")) == 2, 30, "the next run to start")
+        assert not events(tag, "end")
+    finally:
+        os.kill(start["pid"], signal.SIGCONT)
+    assert successor.get(timeout=RESULT_TIMEOUT) == 0.5
+    with pytest.raises(LockLost, match="lost its lock"):
+        stopped.get(timeout=RESULT_TIMEOUT)
+    ends = {e["task_id"]: e for e in events(tag, "end")}
+    assert ends[stopped.id]["held"] is False
+    wait_for(lambda: re.search(rf"\[{stopped.id}\].*lost its lock", worker.text()), 10, "the loss in the log")
+    assert taskapp.fragile_task.delay(tag, 0.1).get(timeout=RESULT_TIMEOUT) == 0.1
+
+
+def test_revoke_with_terminate_releases_at_once(worker: Worker, tag: str) -> None:
+    handle = taskapp.long_ttl_task.delay(tag, 60)
+    started(tag)
+    name = taskapp.long_ttl_task.lock_name_for((tag,))
+    assert worker.holders(name)
+    taskapp.app.control.revoke(handle.id, terminate=True)
+    # well before its 60 s TTL: SIGTERM exits the child through the task's finally
+    wait_for(lambda: worker.holders(name) == [], 20, "the terminated task's lock to be released")
+    assert handle.get(timeout=RESULT_TIMEOUT, propagate=False) is not None
+    assert handle.state == "REVOKED"
+
+
+def test_soft_time_limit_releases_the_lock(worker: Worker, tag: str) -> None:
+    handle = taskapp.soft_limit_task.delay(tag, 30)
+    with pytest.raises(SoftTimeLimitExceeded):
+        handle.get(timeout=RESULT_TIMEOUT)
+    assert worker.holders(taskapp.soft_limit_task.lock_name_for((tag,))) == []
