@@ -179,6 +179,10 @@ class Election:
         while not self._stopping.is_set():
             try:
                 snapshot = backend.read_queue(self._lock.queue)
+                mine = self._lock.fence_entry
+                if mine is not None and snapshot.find(mine.token) is None:
+                    # our key was deleted (an operator's force-release): stop leading now, not at the next renewal
+                    self._lock.forfeit("its key was deleted")
                 head = snapshot.entries[0] if snapshot.entries else None
                 leader = _identity(head) if head is not None else None
                 if leader != known and leader != self.identity:

@@ -110,7 +110,7 @@ class QueueLock:
         self.mode = mode
         self.on_lost = on_lost
         self.data = data
-        self._session = client.session(self.ttl)
+        self._session = client.session(self.ttl)  # looked up again at each acquire: a forked child gets its own
         self._backend = client.backend
         self._claim: Claim | None = None
         self._waiting: Claim | None = None
@@ -165,6 +165,12 @@ class QueueLock:
         if was_alive:
             logger.info("lock %s released by %s (token %d)", self.name, self.holder, claim.entry.token)
 
+    def forfeit(self, reason: str) -> None:
+        """Give the lock up as lost (its key was seen deleted), without waiting for a renewal to notice."""
+        claim = self._claim
+        if claim is not None:
+            self._session.mark_lost(claim, reason)
+
     def cancel(self) -> None:
         """Make a blocked ``acquire()`` in another thread give up (it returns False) and leave the queue now."""
         self._cancelled.set()
@@ -202,6 +208,7 @@ class QueueLock:
         return value
 
     def _acquire(self, deadline: float) -> bool:
+        self._session = self.client.session(self.ttl)
         claim = self._waiting = self._session.join(self.queue, self._value(), on_lost=self._lost)
         try:
             while True:

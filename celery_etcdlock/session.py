@@ -172,6 +172,12 @@ class Session:
             if lease.expired:
                 self._lease = None  # the next join grants a new one
 
+    def mark_lost(self, claim: Claim, reason: str) -> None:
+        """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
+        with self._mutex:
+            self._claims.pop(claim.entry.key, None)
+            self._mark_lost(claim, reason)
+
     def drop_all(self) -> None:
         """Forget every claim without marking it lost (after fork: they are the parent's)."""
         self._mutex = threading.Lock()  # another thread may have held it at the fork
