@@ -23,6 +23,7 @@ from .errors import (
 )
 from .mutex import Mutex
 from .rwlock import RWLock
+from .tasks import SingletonTask, rwlock_task, singleton_task
 
 __version__ = "0.1.0"
 
@@ -35,11 +36,14 @@ __all__ = [
     "LeaderEvent",
     "Mutex",
     "RWLock",
+    "SingletonTask",
     "EtcdLockError",
     "LockLost",
     "NotHeld",
     "TaskLocked",
     "UnsupportedServer",
     "connect",
+    "rwlock_task",
+    "singleton_task",
     "__version__",
 ]
