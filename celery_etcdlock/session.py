@@ -52,6 +52,9 @@ def check_ttl(value: object, name: str = "ttl") -> float:
     return float(value)
 
 
+TIDY_DELAY = 5.0  # seconds a released queue stays unused before its (v2) directory is removed
+
+
 def safety_margin(ttl: float) -> float:
     """How long before the server could expire an entry its holder gives up on it.
 
@@ -93,6 +96,12 @@ class Session:
         self._claims: dict[str, Claim] = {}
         self.deadline = 0.0  # monotonic; entries cannot expire on the server before it
         self.next_renewal = float("inf")
+        self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
+
+    @property
+    def next_due(self) -> float:
+        """When the renewer should next call ``renew()``."""
+        return min(self.next_renewal, min(self._tidy.values(), default=float("inf")))
 
     # -- used by the primitives ---------------------------------------------
 
@@ -109,6 +118,7 @@ class Session:
                         self._expire("its lease expired on the server")
                 continue
             with self._mutex:
+                self._tidy.pop(queue, None)
                 if self.backend.creating_renews and not self._claims:
                     self._restart_clock(sent)
                 claim = Claim(self, queue, entry, on_lost)
@@ -130,16 +140,24 @@ class Session:
         except BackendError as exc:
             logger.warning("could not delete %s (%s); it expires within %ss", claim.entry.key, exc, self.ttl)
             return False
+        finally:
+            # v2 queues are directories, which outlive their last entry: remove one that stays unused
+            with self._mutex:
+                self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
+            _renewer().schedule(self)
 
     # -- used by the renewer ------------------------------------------------
 
     def renew(self) -> None:
+        self._tidy_queues()
         with self._mutex:
             claims = list(self._claims.values())
             lease = self._lease
             if not claims or lease is None:
                 self.next_renewal = float("inf")
                 return
+            if time.monotonic() < self.next_renewal:
+                return  # woken to tidy only
             if time.monotonic() >= self.deadline:
                 self._expire(f"no renewal succeeded within its {self.ttl}s TTL")
                 return
@@ -172,6 +190,19 @@ class Session:
             if lease.expired:
                 self._lease = None  # the next join grants a new one
 
+    def _tidy_queues(self) -> None:
+        now = time.monotonic()
+        with self._mutex:
+            due = [queue for queue, when in self._tidy.items() if when <= now]
+            for queue in due:
+                del self._tidy[queue]
+            unused = [queue for queue in due if not self._in_use(queue)]
+        for queue in unused:
+            self.backend.forget_queue(queue)
+
+    def _in_use(self, queue: str) -> bool:
+        return any(claim.queue == queue for claim in self._claims.values())
+
     def mark_lost(self, claim: Claim, reason: str) -> None:
         """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
         with self._mutex:
@@ -183,6 +214,7 @@ class Session:
         self._mutex = threading.Lock()  # another thread may have held it at the fork
         with self._mutex:
             self._claims.clear()
+            self._tidy.clear()
             self._lease = None
             self.next_renewal = float("inf")
 
@@ -258,7 +290,7 @@ class Renewer:
         tiebreak = itertools.count()
         while True:
             with self._wakeup:
-                due = [(s.next_renewal, next(tiebreak), s) for s in self._sessions]
+                due = [(s.next_due, next(tiebreak), s) for s in self._sessions]
                 heapq.heapify(due)
                 now = time.monotonic()
                 if not due or due[0][0] > now:

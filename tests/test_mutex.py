@@ -306,3 +306,25 @@ def _make_noise(client, events: int) -> None:
     for _ in range(events):
         i = next(_noise)
         client.backend.put_record(f"records/noise/{i}", {"i": i}, expect=None, ttl=30)
+
+
+def test_an_unused_queue_directory_is_removed(client):
+    if client.api != "v2":
+        pytest.skip("v3 queues are key ranges, which leave nothing behind")
+    from celery_etcdlock import session
+
+    with Mutex(client, "per-customer/42", ttl=5) as lock:
+        queue = lock.queue
+    # the release leaves an empty v2 directory; the renewer removes it once it stays unused
+    wait_until(lambda: client.backend.get_record(queue) is None and _dir_gone(client, queue), session.TIDY_DELAY + 10)
+
+
+def _dir_gone(client, queue) -> bool:
+    import etcd
+
+    raw = etcd.Client(*client.options.endpoints[0])
+    try:
+        raw.read(f"{client.prefix}/{queue}")
+    except etcd.EtcdKeyNotFound:
+        return True
+    return False
