@@ -119,3 +119,18 @@ def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
         assert not any("EVENT deposed" in line for line in other.lines)
         # the other node leads throughout: the resumed one must never report leading
         assert not [line for line in old.lines if line.startswith("LEADING") and walls(line) >= resumed_at]
+
+
+def test_leader_whose_key_is_deleted_is_deposed_at_once(client):
+    from celery_etcdlock.keys import ELECTIONS
+
+    a = Election(client, "forced", identity="a", ttl=30)  # a renewal would notice only after 10 s
+    a.start()
+    events = a.events()
+    assert next(events) == LeaderEvent("elected", "a")
+    for entries in client.backend.list_queues(ELECTIONS).values():
+        for entry in entries:
+            client.backend.delete_entry(entry)  # what `celery etcdlock release` does to a stuck leader
+    assert next(events) == LeaderEvent("deposed", None)
+    assert next(events) == LeaderEvent("elected", "a")  # a candidate again, without a restart
+    a.stop()
