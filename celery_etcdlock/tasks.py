@@ -112,12 +112,14 @@ class SingletonTask(celery.Task):
     def lock_name_for(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> str:
         """The name of the lock a run with these arguments takes."""
         args, kwargs = tuple(args), dict(kwargs or {})
-        if self.lock_name is not None:
-            return _render(self.lock_name, self, args, kwargs, "lock")
+        lock_name = _option(self, "lock_name")
+        if lock_name is not None:
+            return _render(lock_name, self, args, kwargs, "lock")
         base = f"task/{self.name}"
-        if self.key is None:
+        key = _option(self, "key")
+        if key is None:
             return base
-        return f"{base}/{_render(self.key, self, args, kwargs, 'key')}"
+        return f"{base}/{_render(key, self, args, kwargs, 'key')}"
 
     # -- running ----------------------------------------------------------------
 
@@ -402,16 +404,22 @@ def _check_options(options: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
 
 
+def _option(owner: object, name: str) -> Any:
+    """An option as given: a callable stored as a class attribute must not become a method."""
+    value = inspect.getattr_static(owner, name)
+    return value.__func__ if isinstance(value, staticmethod) else value
+
+
 def _check_class_options(cls: type[SingletonTask]) -> None:
     if cls.__dict__.get("_etcdlock_checked"):
         return
     where = f"task {cls.name or cls.__name__}"
-    _check_options({k: getattr(cls, k) for k in _LOCK_OPTIONS}, where)
+    _check_options({k: _option(cls, k) for k in _LOCK_OPTIONS}, where)
     run = cls.__dict__.get("run")
     if run is not None:
         function = run.__func__ if isinstance(run, staticmethod) else run
         bound_first = not isinstance(run, staticmethod)
-        _check_key_names(function, bound_first, {"key": cls.key}, where)
+        _check_key_names(function, bound_first, {"key": _option(cls, "key")}, where)
     cls._etcdlock_checked = True
 
 

@@ -1,0 +1,363 @@
+"""Singleton and read-write locked tasks, in-process: options, keys, conflicts, loss, dedupe.
+
+Fast tests against a real etcd (both APIs) and a real Redis, with tasks
+called directly or run by an embedded worker (``celery.contrib.testing``'s
+``start_worker``, the engine of the ``celery_worker`` pytest fixture) on the
+threads and solo pools. The real prefork worker is in test_tasks_worker.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import celery
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from celery_etcdlock import LockLost, Mutex, RWLock, TaskLocked
+from celery_etcdlock.tasks import SingletonTask, rwlock_task, singleton_task
+from tests.servers import RedisServer
+
+app = celery.Celery("inproc", set_as_current=False)
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    etcdlock_ttl=5,
+    etcdlock_retry_max_delay=5,
+    broker_connection_retry_on_startup=True,
+)
+app.loader.import_task_module("celery.contrib.testing.tasks")  # the ping of start_worker
+
+calls: list[dict[str, Any]] = []  # what the task bodies saw, in order
+gate = threading.Event()  # a body that waits on it runs until the test sets it
+
+
+def record(task: Any, **seen: Any) -> None:
+    lock = task.lock
+    calls.append({"id": task.request.id, "token": lock.token, "held": lock.held, "name": lock.name, **seen})
+
+
+@singleton_task(app=app, bind=True)
+def plain_singleton(self: SingletonTask) -> str:
+    record(self, holders=self.lock.holders())
+    return "ran"
+
+
+@singleton_task(app=app, bind=True, key=["customer_id"], on_conflict="skip")
+def sync_customer(self: SingletonTask, customer_id: Any, full: bool = False) -> str:
+    record(self, customer_id=customer_id)
+    return "ran"
+
+
+@singleton_task(app=app, bind=True, key=["customer_id"], on_conflict="raise")
+def raising(self: SingletonTask, customer_id: Any) -> str:
+    record(self)
+    return "ran"
+
+
+@singleton_task(app=app, bind=True, key=["customer_id"], on_conflict="wait", lock_timeout=0.3)
+def impatient(self: SingletonTask, customer_id: Any) -> str:
+    record(self)
+    return "ran"
+
+
+@singleton_task(app=app, bind=True, key=["customer_id"], on_conflict="wait", lock_timeout=30)
+def patient(self: SingletonTask, customer_id: Any) -> str:
+    record(self)
+    return "ran"
+
+
+@singleton_task(app=app, bind=True, key=["customer_id"], lock_ttl=2)
+def fragile(self: SingletonTask, customer_id: Any) -> str:
+    record(self)
+    entry = self.lock.fence_entry
+    assert entry is not None
+    self.lock.client.backend.delete_entry(entry)  # an operator force-releases it mid-run
+    deadline = time.monotonic() + 10
+    while self.lock.held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    calls.append({"held_after_delete": self.lock.held})
+    return "ran"
+
+
+@singleton_task(app=app, bind=True, key=["tag"])
+def gated(self: SingletonTask, tag: str) -> str:
+    record(self, tag=tag)
+    assert gate.wait(30)
+    return "ran"
+
+
+@singleton_task(app=app, key="{tag}", dedupe_enqueue=True, dedupe_ttl=1)
+def deduped(tag: str) -> str:
+    return "ran"
+
+
+@rwlock_task(app=app, bind=True, lock="index-{name}", mode="read")
+def reader(self: SingletonTask, name: str) -> str:
+    record(self, mode="read")
+    return "read"
+
+
+@rwlock_task(app=app, bind=True, lock="index-{name}", mode="write", on_conflict="skip")
+def writer(self: SingletonTask, name: str) -> str:
+    record(self, mode="write")
+    return "written"
+
+
+def _prefix(url: str) -> str:
+    return parse_qs(urlsplit(url).query)["prefix"][0]
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls() -> Iterator[None]:
+    """Forget what earlier bodies saw; never leave a body waiting at the gate."""
+    calls.clear()
+    gate.clear()
+    yield
+    gate.set()
+
+
+@pytest.fixture
+def etcd(etcd_url: str, client: Any) -> Any:
+    """Point the app at this test's etcd prefix (each API in turn); the test's own client to it."""
+    app.conf.update(etcdlock_url=etcd_url, etcdlock_prefix=_prefix(etcd_url))
+    return client
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    """One real Redis for the module's broker and result backend (the app caches its connections)."""
+    server = RedisServer().start()
+    app.conf.update(broker_url=server.url(), result_backend=server.url())
+    yield server.url()
+    server.close()
+
+
+@pytest.fixture
+def threads_worker(broker: str, etcd: Any) -> Iterator[Any]:
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=True, shutdown_timeout=30) as worker:
+        yield worker
+
+
+# -- decorators and options ---------------------------------------------------------------------
+
+
+def test_decorator_forms_register_tasks_with_celery_options() -> None:
+    local = celery.Celery("forms", set_as_current=False)
+
+    @singleton_task(app=local, shared=False)
+    def bare_with_app() -> None: ...
+
+    @singleton_task(
+        app=local, shared=False, name="custom.name", max_retries=7, bind=True, lock_ttl=12, on_conflict="raise"
+    )
+    def with_options(self: Any) -> None: ...
+
+    class Audited(celery.Task):
+        audited = True
+
+    @singleton_task(app=local, shared=False, base=Audited)
+    def with_base() -> None: ...
+
+    @local.task(shared=False, base=SingletonTask, key=["x"], on_conflict="wait")
+    def through_base(x: int) -> None: ...
+
+    @rwlock_task(app=local, shared=False, lock="idx", mode="read", lock_timeout=3)
+    def read_idx() -> None: ...
+
+    assert isinstance(bare_with_app, SingletonTask) and bare_with_app.on_conflict == "skip"
+    assert local.tasks["custom.name"].name == with_options.name == "custom.name"
+    assert with_options.max_retries == 7 and with_options.lock_ttl == 12 and with_options.on_conflict == "raise"
+    assert isinstance(with_base, Audited) and isinstance(with_base, SingletonTask) and with_base.audited
+    assert through_base.lock_name_for((3,)) == f"task/{through_base.name}/x=3"
+    assert read_idx.lock_mode == "read" and read_idx.on_conflict == "wait" and read_idx.lock_timeout == 3
+    assert read_idx.lock_name_for() == "idx"
+
+
+@singleton_task
+def shared_rebuild() -> str:
+    return "ok"
+
+
+def test_bare_decorator_is_a_shared_task() -> None:
+    local = celery.Celery("shared", set_as_current=False)
+    local.finalize()
+    task = local.tasks[f"{__name__}.shared_rebuild"]
+    assert isinstance(task, SingletonTask)
+    assert task.lock_name_for() == f"task/{__name__}.shared_rebuild"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"on_conflict": "ignore"}, ValueError, "on_conflict must be one of 'skip', 'raise', 'retry', 'wait'"),
+        ({"key": ["customer"]}, ValueError, "key names 'customer' that are not arguments"),
+        ({"key": 5}, TypeError, "key must be None, a list of argument names"),
+        ({"key": ""}, ValueError, "key must not be an empty string"),
+        ({"lock_ttl": 0}, ValueError, "lock_ttl must be a positive number"),
+        ({"lock_ttl": "30"}, TypeError, "lock_ttl must be a number"),
+        ({"lock_timeout": -1}, ValueError, "lock_timeout must be a non-negative number"),
+        ({"dedupe_enqueue": "yes"}, TypeError, "dedupe_enqueue must be True or False"),
+        ({"dedupe_ttl": 0}, ValueError, "dedupe_ttl must be a positive number"),
+    ],
+)
+def test_bad_singleton_options_are_named(options: dict[str, Any], error: type[Exception], match: str) -> None:
+    local = celery.Celery("bad", set_as_current=False)
+    with pytest.raises(error, match=match):
+
+        @singleton_task(app=local, shared=False, **options)
+        def sync(customer_id: int) -> None: ...
+
+
+def test_bad_rwlock_options_are_named() -> None:
+    local = celery.Celery("bad", set_as_current=False)
+    with pytest.raises(ValueError, match="mode must be 'read' or 'write', not 'exclusive'"):
+        rwlock_task(app=local, shared=False, lock="x", mode="exclusive")
+    with pytest.raises(TypeError, match="missing the lock= argument"):
+        rwlock_task(app=local, shared=False, mode="read")
+    with pytest.raises(TypeError, match="does not take dedupe_enqueue"):
+        rwlock_task(app=local, shared=False, lock="x", mode="write", dedupe_enqueue=True)
+    with pytest.raises(TypeError, match="base=.* must be a celery Task subclass"):
+        singleton_task(app=local, shared=False, base=dict)
+
+
+def test_bad_base_class_options_fail_when_registered() -> None:
+    local = celery.Celery("bad", set_as_current=False)
+
+    @local.task(shared=False, base=SingletonTask, key=["nope"])
+    def job(x: int) -> None: ...
+
+    with pytest.raises(ValueError, match="key names 'nope'"):
+        job.lock_name_for((1,))  # registration is lazy: the first use of the task checks
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+
+def test_key_by_argument_names_binds_through_the_signature() -> None:
+    name = sync_customer.lock_name_for
+    assert name((1,)) == name((), {"customer_id": 1}) == name((1, True)) == name((), {"full": True, "customer_id": 1})
+    assert name((1,)) == f"task/{sync_customer.name}/customer_id=1"
+    assert name((1,)) != name(("1",))  # JSON-typed: 1 and "1" are different customers
+    assert name(("a/b é",)) == f'task/{sync_customer.name}/customer_id="a/b \\u00e9"'
+    with pytest.raises(TypeError, match="do not fit its signature"):
+        name((), {"other": 1})
+
+
+def test_key_format_string_and_callable() -> None:
+    local = celery.Celery("keys", set_as_current=False)
+
+    @singleton_task(app=local, shared=False, key="{region}:{0}")
+    def fmt(customer_id: int, region: str = "eu") -> None: ...
+
+    @singleton_task(app=local, shared=False, key=lambda args, kwargs: f"c{kwargs.get('customer_id') or args[0]}")
+    def by_callable(customer_id: int) -> None: ...
+
+    @singleton_task(app=local, shared=False, key=lambda args, kwargs: 42)
+    def bad_callable(customer_id: int) -> None: ...
+
+    assert fmt.lock_name_for((7,)) == f"task/{fmt.name}/eu:7"
+    assert fmt.lock_name_for((7,), {"region": "us"}) == f"task/{fmt.name}/us:7"
+    assert by_callable.lock_name_for((3,)) == by_callable.lock_name_for((), {"customer_id": 3})
+    with pytest.raises(TypeError, match="must return a non-empty str, not 42"):
+        bad_callable.lock_name_for((1,))
+
+
+# -- running (called directly: same code path as in a worker) -------------------------------------
+
+
+def test_bound_task_sees_its_lock_and_token_and_the_lock_records_the_holder(etcd: Any) -> None:
+    assert plain_singleton() == "ran"
+    (seen,) = calls
+    assert seen["held"] and isinstance(seen["token"], int)
+    (holder,) = seen["holders"]
+    assert holder["token"] == seen["token"]
+    assert holder["data"]["task"] == plain_singleton.name and holder["data"]["hostname"]
+    assert plain_singleton.lock is None  # outside a run
+    assert Mutex(etcd, seen["name"], ttl=5).holders() == []  # released
+
+
+def test_conflict_skip_raise_and_wait(etcd: Any) -> None:
+    with Mutex(etcd, sync_customer.lock_name_for((1,)), ttl=5, data={"task_id": "other"}):
+        assert sync_customer(1) is None
+        assert sync_customer(2) == "ran"  # another key
+    assert sync_customer(customer_id=1) == "ran"
+
+    with Mutex(etcd, raising.lock_name_for((1,)), ttl=5, data={"task_id": "t-1", "task": "x", "hostname": "h"}):
+        with pytest.raises(TaskLocked, match=r"held by task x\[t-1\] on h") as raised:
+            raising(1)
+        assert raised.value.lock_name == raising.lock_name_for((1,))
+        assert raised.value.holder is not None and raised.value.holder["data"]["task_id"] == "t-1"
+    with Mutex(etcd, impatient.lock_name_for((1,)), ttl=5), pytest.raises(TaskLocked, match="gave up waiting"):
+        impatient(1)
+    assert [c["name"] for c in calls] == [sync_customer.lock_name_for((2,)), sync_customer.lock_name_for((1,))]
+
+
+def test_wait_runs_once_the_holder_releases(etcd: Any) -> None:
+    holder = Mutex(etcd, patient.lock_name_for((1,)), ttl=5)
+    holder.acquire()
+    releaser = threading.Timer(0.5, holder.release)
+    releaser.start()
+    started = time.monotonic()
+    assert patient(1) == "ran"
+    assert time.monotonic() - started >= 0.4
+    releaser.join()
+
+
+@pytest.mark.parametrize("api", ["v2"])  # a v3 holder learns of a deleted key only when its lease ends
+def test_lock_lost_mid_run_is_reported_and_next_run_not_blocked(etcd: Any, caplog: Any) -> None:
+    with pytest.raises(LockLost, match="lost its lock"):
+        fragile(1)
+    assert calls[-1] == {"held_after_delete": False}
+    assert "lost its lock" in caplog.text
+    assert Mutex(etcd, fragile.lock_name_for((1,)), ttl=2).holders() == []
+    with pytest.raises(LockLost):  # runs again at once (and loses again, by design of the body)
+        fragile(1)
+
+
+def test_rwlock_task_readers_share_writer_excluded(etcd: Any) -> None:
+    with RWLock(etcd, "index-a", ttl=5).read():
+        assert reader("a") == "read"
+        assert writer("a") is None  # on_conflict="skip": a reader holds it
+    assert writer("a") == "written"
+    assert [c["mode"] for c in calls] == ["read", "write"]
+
+
+# -- through an embedded worker --------------------------------------------------------------------
+
+
+def test_threads_pool_concurrent_submissions_one_runs(threads_worker: Any) -> None:
+    tag = uuid.uuid4().hex
+    handles = [gated.delay(tag) for _ in range(5)]
+    # while the first run waits at the gate, the four others are skipped
+    deadline = time.monotonic() + 30
+    while sum(h.ready() for h in handles) < 4:
+        assert time.monotonic() < deadline, "the other submissions were not skipped"
+        time.sleep(0.02)
+    gate.set()
+    values = [h.get(timeout=30) for h in handles]
+    assert sorted(values, key=str) == [None, None, None, None, "ran"]
+    assert len([c for c in calls if c.get("tag") == tag]) == 1
+
+
+def test_solo_pool(broker: str, etcd: Any) -> None:
+    with start_worker(app, pool="solo", perform_ping_check=True, shutdown_timeout=30):
+        assert sync_customer.delay(5).get(timeout=30) == "ran"
+    assert calls[-1]["customer_id"] == 5 and calls[-1]["id"] is not None
+
+
+def test_dedupe_marker_of_a_lost_message_expires(broker: str, etcd: Any) -> None:
+    # no worker consumes this queue: the message is as good as lost
+    first = deduped.apply_async(("t",), queue=f"nobody-{uuid.uuid4().hex}")
+    again = deduped.apply_async(("t",), queue="elsewhere")
+    assert again.id == first.id
+    deadline = time.monotonic() + 10
+    while deduped.apply_async(("t",), queue="elsewhere").id == first.id:
+        assert time.monotonic() < deadline, "the enqueue marker never expired"
+        time.sleep(0.2)
