@@ -114,8 +114,8 @@ class Session:
                 entry = self.backend.create_entry(queue, value, lease)
             except LeaseExpired:
                 with self._mutex:
-                    if self._lease is lease:
-                        self._expire("its lease expired on the server")
+                    lost = self._expire("its lease expired on the server") if self._lease is lease else []
+                _notify(lost)
                 continue
             with self._mutex:
                 self._tidy.pop(queue, None)
@@ -158,10 +158,15 @@ class Session:
                 return
             if time.monotonic() < self.next_renewal:
                 return  # woken to tidy only
-            if time.monotonic() >= self.deadline:
-                self._expire(f"no renewal succeeded within its {self.ttl}s TTL")
-                return
             deadline = self.deadline
+            expired = (
+                self._expire(f"no renewal succeeded within its {self.ttl}s TTL")
+                if time.monotonic() >= deadline
+                else None
+            )
+        if expired is not None:
+            _notify(expired)
+            return
         sent = time.monotonic()
         try:
             gone = retry.run(
@@ -172,23 +177,28 @@ class Session:
                 self.backend.endpoints,
             )
         except BackendError as exc:
+            lost = []
             with self._mutex:
                 if time.monotonic() >= self.deadline:
-                    self._expire(f"renewal failed until its deadline: {exc}")
+                    lost = self._expire(f"renewal failed until its deadline: {exc}")
                 else:
                     logger.warning("renewal of lease %s failed (%s); trying again", lease.id, exc)
                     self.next_renewal = time.monotonic() + min(0.5, self.ttl / 10)
+            _notify(lost)
             return
         with self._mutex:
             if self._lease is not lease:
                 return
-            self._restart_clock(sent)
-            for key in gone:
-                claim = self._claims.pop(key, None)
-                if claim is not None:
-                    self._mark_lost(claim, "its key was deleted or expired")
             if lease.expired:
-                self._lease = None  # the next join grants a new one
+                lost = self._expire("its lease expired on the server")
+            elif time.monotonic() >= deadline:
+                # held already read False meanwhile: a late success must not bring the locks back
+                lost = self._expire("its renewal came back after the deadline")
+            else:
+                self._restart_clock(sent)
+                lost = [c for c in (self._claims.pop(key, None) for key in gone) if c is not None]
+                self._lose(lost, "its key was deleted or expired")
+        _notify(lost)
 
     def _tidy_queues(self) -> None:
         now = time.monotonic()
@@ -207,7 +217,8 @@ class Session:
         """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
         with self._mutex:
             self._claims.pop(claim.entry.key, None)
-            self._mark_lost(claim, reason)
+            lost = self._lose([claim], reason)
+        _notify(lost)
 
     def drop_all(self) -> None:
         """Forget every claim without marking it lost (after fork: they are the parent's)."""
@@ -220,12 +231,9 @@ class Session:
 
     def close(self) -> None:
         with self._mutex:
-            claims = list(self._claims.values())
-            lease, self._lease = self._lease, None
-            self._claims.clear()
-            self.next_renewal = float("inf")
-        for claim in claims:
-            self._mark_lost(claim, "its session was closed")
+            lease = self._lease
+            lost = self._expire("its session was closed")
+        _notify(lost)
         if lease is not None:
             try:
                 self.backend.revoke(lease)
@@ -252,22 +260,29 @@ class Session:
         self.deadline = sent + self.ttl - self.margin
         self.next_renewal = sent + self.ttl / 3
 
-    def _expire(self, reason: str) -> None:
+    def _expire(self, reason: str) -> list[Claim]:
+        """Every claim is lost; the next join starts a new lease. Returns the claims to notify."""
         claims = list(self._claims.values())
         self._claims.clear()
         self._lease = None
         self.next_renewal = float("inf")
-        for claim in claims:
-            self._mark_lost(claim, reason)
+        return self._lose(claims, reason)
 
-    def _mark_lost(self, claim: Claim, reason: str) -> None:
-        if claim.lost.is_set():
-            return
-        claim.lost_reason = reason
-        claim.lost.set()
+    @staticmethod
+    def _lose(claims: list[Claim], reason: str) -> list[Claim]:
+        newly_lost = [claim for claim in claims if not claim.lost.is_set()]
+        for claim in newly_lost:
+            claim.lost_reason = reason
+            claim.lost.set()
+        return newly_lost
+
+
+def _notify(claims: list[Claim]) -> None:
+    """Run the on_lost callbacks, outside every session lock (a callback may release its lock)."""
+    for claim in claims:
         if claim.on_lost is not None:
             try:
-                claim.on_lost(reason)
+                claim.on_lost(claim.lost_reason or "lost")
             except Exception:
                 logger.exception("on_lost callback for %s raised", claim.entry.key)
 

@@ -328,3 +328,22 @@ def _dir_gone(client, queue) -> bool:
     except etcd.EtcdKeyNotFound:
         return True
     return False
+
+
+def test_on_lost_may_release_the_lock(client):
+    """on_lost runs outside the session's locks: releasing from it must not deadlock."""
+    released = threading.Event()
+
+    def on_lost(lock: Mutex) -> None:
+        lock.release()
+        released.set()
+
+    lock = Mutex(client, "callback", ttl=1, on_lost=on_lost)
+    lock.acquire()
+    for entries in client.backend.list_queues(LOCKS).values():
+        for entry in entries:
+            client.backend.delete_entry(entry)
+    if client.api == "v3":
+        lock.forfeit("deleted")  # v3 renewals keep the lease, not each key, alive: they cannot see a deleted key
+    assert released.wait(10)
+    assert not lock.held
