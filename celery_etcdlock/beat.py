@@ -185,6 +185,7 @@ class LeaderScheduler(Scheduler):
 
     def apply_async(self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
         if advance and not self._record_run(self.reserve(entry)):
+            self.schedule[entry.name] = entry  # not recorded: not run
             return None
         if not self.is_leader:
             logger.warning("beat %s: not sending %s: no longer the leader", self.identity, entry.name)
