@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.update(stack.env)  # before examples.shop reads its settings
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     demo = Demo(stack, plan, quick=args.quick)
     ok = False
     try:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     print(demo.summary_text(summary), flush=True)
     if args.summary_json:
         args.summary_json.write_text(json.dumps(summary, indent=2))
-    if args.keep or not ok:
+    if args.keep or (not ok and not demo.interrupted):
         print(f"logs and Procfile kept in {root}")
     else:
         shutil.rmtree(root, ignore_errors=True)
@@ -148,7 +149,7 @@ class Demo:
         self.stack.wait_servers(60)
         observer = self.Observer()
         self._wait_ready(observer, 120)
-        self.ready_at = time.time()
+        self.ready_at = self.last.time if self.last is not None else time.time()
         self.events.started = self.ready_at
         self.events.add("stack ready: every worker and beat is up")
         if self.last is not None:
@@ -384,7 +385,7 @@ class Demo:
                 f" {failover['seconds']:.1f}s (etcdlock_beat_ttl {self.plan.beat_ttl:g}s)"
             )
         else:
-            lines.append("  beat fail-over: " + ("no new leader seen" if failover else "did not happen"))
+            lines.append("  beat fail-over: " + ("no new leader seen" if failover else "not reached"))
         recovery = summary["recovery"]
         if recovery and "token_after" in recovery:
             lines.append(
@@ -393,8 +394,9 @@ class Demo:
                 f" {recovery['seconds']:.1f}s later"
             )
         else:
-            lines.append("  lock recovery: " + ("not seen" if recovery else "did not happen (no busy worker to kill)"))
+            lines.append("  lock recovery: " + ("not seen" if recovery else "not reached"))
         lines.append(f"  processes left behind: {summary['processes_left']}")
-        lines.append("  result: " + ("OK" if summary["ok"] else "NOT OK"))
+        if not self.interrupted:
+            lines.append("  result: " + ("OK" if summary["ok"] else "NOT OK"))
         lines.append("=" * 100)
         return "\n".join(lines)

@@ -16,7 +16,7 @@ Each task records its run (lock name, fencing token, worker, times) through
 import random
 import time
 
-from celery_etcdlock.tasks import rwlock_task, singleton_task
+from celery_etcdlock import rwlock_task, singleton_task
 
 from . import runlog
 from .app import app
