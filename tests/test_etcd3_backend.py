@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -43,10 +43,10 @@ class _Etcd(EtcdServer):
         return super()._command() + self.extra
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EtcdServer]:
-    with EtcdServer("3.5", enable_v2=False) as etcd:
-        yield etcd
+@pytest.fixture
+def server(etcd3_server: EtcdServer) -> EtcdServer:
+    """The session's etcd 3.5 without v2 (conftest)."""
+    return etcd3_server
 
 
 @pytest.fixture(scope="module")
@@ -235,13 +235,21 @@ def test_keep_alive_renews_and_reports_a_dead_lease(backend: Etcd3Backend) -> No
     assert lease.expired
 
 
-def test_one_keep_alive_request_for_500_entries(backend: Etcd3Backend, requests_sent: Counter[str]) -> None:
+def test_keep_alive_reports_entries_deleted_behind_its_back(backend: Etcd3Backend) -> None:
+    lease = backend.grant(30)
+    kept, released = backend.create_entry("locks/a", {}, lease), backend.create_entry("locks/b", {}, lease)
+    backend.delete_entry(released)  # as `celery etcdlock release` does from another process
+    assert backend.keep_alive(lease, [kept, released], timeout=5) == {released.key}
+    assert not lease.expired
+
+
+def test_a_renewal_of_500_entries_is_two_requests(backend: Etcd3Backend, requests_sent: Counter[str]) -> None:
     lease = backend.grant(30)
     entries = [backend.create_entry("locks/many", {"i": i}, lease) for i in range(500)]
     assert requests_sent["/v3/kv/txn"] == 500
     requests_sent.clear()
     assert backend.keep_alive(lease, entries, timeout=5) == set()
-    assert dict(requests_sent) == {"/v3/lease/keepalive": 1}
+    assert dict(requests_sent) == {"/v3/lease/keepalive": 1, "/v3/kv/lease/timetolive": 1}
 
 
 def test_keep_alive_makes_a_single_attempt_and_raises_transient() -> None:
@@ -263,7 +271,7 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
     snapshot, sent = cost(backend.read_queue, "locks/q")
     assert sent == {"/v3/kv/range": 1}
     _, sent = cost(backend.keep_alive, lease, [entry], 5)
-    assert sent == {"/v3/lease/keepalive": 1}
+    assert sent == {"/v3/lease/keepalive": 1, "/v3/kv/lease/timetolive": 1}
     _, sent = cost(backend.wait_gone, entry, snapshot.revision, 0.2)
     assert sent == {"/v3/watch": 1}
     _, sent = cost(backend.delete_entry, entry)
@@ -277,7 +285,7 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
     _, sent = cost(backend.delete_record, "records/k/a", record)
     assert sent == {"/v3/kv/txn": 1}
     _, sent = cost(backend.revoke, lease)
-    assert sent == {"/v3/lease/revoke": 1}
+    assert sent == {"/v3/kv/lease/revoke": 1}
 
 
 # -- waiting ------------------------------------------------------------------------------------
@@ -431,14 +439,10 @@ def test_credentials_where_auth_is_off_are_ignored(server: EtcdServer, prefix: s
 # -- servers that are not a v3 etcd, and endpoints that are down ----------------------------------
 
 
-def test_redis_port_is_not_an_etcd() -> None:
-    redis = RedisServer().start()
-    try:
-        b = make(f"etcd3://{redis.endpoint}", retry_max_delay=5)
-        with pytest.raises(UnsupportedServer, match=f"{redis.endpoint} is not an etcd server.*HTTP"):
-            b.read_queue("locks/q")
-    finally:
-        redis.stop()
+def test_redis_port_is_not_an_etcd(redis_server: RedisServer) -> None:
+    b = make(f"etcd3://{redis_server.endpoint}", retry_max_delay=5)
+    with pytest.raises(UnsupportedServer, match=f"{redis_server.endpoint} is not an etcd server.*HTTP"):
+        b.read_queue("locks/q")
 
 
 class _NotEtcd(http.server.BaseHTTPRequestHandler):
@@ -491,19 +495,20 @@ def test_fail_over_to_the_next_endpoint(server: EtcdServer, prefix: str) -> None
 # -- TLS ----------------------------------------------------------------------------------------
 
 
-def test_tls() -> None:
-    with EtcdServer("3.5", enable_v2=False, tls=True) as etcd:
-        b = make(etcd.url(prefix="/tls"), retry_max_delay=5)
-        entry = b.create_entry("locks/q", {}, b.grant(10))
-        assert b.read_queue("locks/q").entries == [entry]
+def test_tls(etcd_server_factory: Callable[..., EtcdServer]) -> None:
+    etcd = etcd_server_factory("3.5", enable_v2=False, tls=True)
+    b = make(etcd.url(prefix="/tls"), retry_max_delay=5)  # with ?ca=&cert=&key=
+    entry = b.create_entry("locks/q", {}, b.grant(10))
+    assert b.read_queue("locks/q").entries == [entry]
+    assert b.wait_gone(entry, b.read_queue("locks/q").revision, timeout=0.2) is WaitResult.TIMEOUT
 
-        plain = make(f"etcd3://{etcd.endpoint}", retry_max_delay=5)
-        with pytest.raises(UnsupportedServer, match="speaks TLS only.*etcd3s://"):
-            plain.read_queue("locks/q")
+    plain = make(f"etcd3://{etcd.endpoint}", retry_max_delay=5)
+    with pytest.raises(UnsupportedServer, match="speaks TLS only.*etcd3s://"):
+        plain.read_queue("locks/q")
 
-        unverified = make(f"etcd3s://{etcd.endpoint}", retry_max_delay=5)
-        with pytest.raises(BackendError, match="could not be verified.*ca="):
-            unverified.read_queue("locks/q")
+    unverified = make(f"etcd3s://{etcd.endpoint}", retry_max_delay=5)
+    with pytest.raises(BackendError, match="could not be verified.*ca="):
+        unverified.read_queue("locks/q")
 
 
 def test_tls_scheme_against_a_plain_server(server: EtcdServer) -> None:

@@ -433,23 +433,45 @@ class Etcd3Backend(Backend):
         return self._retrying(f"grant a {wanted}s lease", grant)
 
     def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
-        """One keep-alive request for the lease, whatever the number of entries; a single attempt."""
+        """Renew the lease, then list the keys it still carries: two requests, whatever the number of entries.
+
+        The second request notices an entry deleted behind our back (``celery
+        etcdlock release``, an operator) while the lease lives on, so its holder
+        learns at once that it lost the lock. A single attempt: the session's
+        renewal policy retries.
+        """
         lease = self._own(lease)
+        deadline = time.monotonic() + max(0.05, timeout)
         try:
             answer = self._post("lease/keepalive", {"ID": str(lease.lease_id)}, timeout=max(0.05, timeout))
         except _Failure as exc:
             raise BackendError(f"etcd keep-alive of lease {lease.id} failed: {exc}") from None
-        if int(answer.get("result", {}).get("TTL", 0)) > 0:
+        if int(answer.get("result", {}).get("TTL", 0)) <= 0:
+            lease.expired = True
+            return {entry.key for entry in entries}
+        if not entries:
             return set()
-        lease.expired = True
-        return {entry.key for entry in entries}
+        try:
+            answer = self._post(
+                "kv/lease/timetolive",
+                {"ID": str(lease.lease_id), "keys": True},
+                timeout=max(0.05, deadline - time.monotonic()),
+            )
+        except (retry.Transient, _Failure) as exc:
+            logger.debug("lease %s renewed, but listing its keys failed (%s): checked next time", lease.id, exc)
+            return set()
+        if int(answer.get("TTL", -1)) <= 0:
+            lease.expired = True
+            return {entry.key for entry in entries}
+        alive = {self._relative(_unb64(key)) for key in answer.get("keys", ())}
+        return {entry.key for entry in entries if entry.key not in alive}
 
     def revoke(self, lease: Lease) -> None:
         lease = self._own(lease)
 
         def revoke() -> None:
             try:
-                self._post("lease/revoke", {"ID": str(lease.lease_id)})
+                self._post("kv/lease/revoke", {"ID": str(lease.lease_id)})
             except _Failure as exc:
                 if exc.code != _NOT_FOUND:
                     raise
@@ -678,7 +700,7 @@ class Etcd3Backend(Backend):
 
     def _forget_lease(self, lease: V3Lease) -> None:
         try:
-            self._post("lease/revoke", {"ID": str(lease.lease_id)})
+            self._post("kv/lease/revoke", {"ID": str(lease.lease_id)})
         except (retry.Transient, BackendError, _Failure) as exc:
             logger.debug("could not revoke unused lease %s (%s); it expires by itself", lease.id, exc)
 
