@@ -43,8 +43,11 @@ def services() -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
-def parse_celery(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, dict[str, Any], Any]:
-    """Parse ``celery ...`` as the celery program would: (sub-command, its options, the app)."""
+def parse_celery(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, dict[str, Any], Any, dict[str, Any]]:
+    """Parse ``celery ...`` as the celery program would, with ``env`` as the environment.
+
+    Returns the sub-command, its options, the app, and the app's configuration as ``env`` made it.
+    """
     assert argv[0] == "celery" or argv[1:3] == ["-m", "celery"], argv
     args = argv[1:] if argv[0] == "celery" else argv[3:]
     saved = dict(os.environ)
@@ -63,13 +66,15 @@ def parse_celery(argv: list[str], env: dict[str, str] | None = None) -> tuple[st
         assert command is not None, f"{argv}: no such celery command"
         sub = command.make_context(name, sub_args, parent=ctx)
         assert not sub.args, f"{argv}: arguments celery would not take: {sub.args}"
-        return str(name), sub.params, app
+        _load_tasks(app)
+        return str(name), sub.params, app, dict(app.conf)
     except click.UsageError as exc:
         raise AssertionError(f"{shlex.join(argv)}: {exc.format_message()}") from None
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        importlib.reload(importlib.import_module("examples.shop.celeryconfig"))  # leave the shop as it was
+        config = importlib.reload(importlib.import_module("examples.shop.celeryconfig"))
+        find_app("examples.shop").config_from_object(config, force=True)  # leave the shop as it was
 
 
 def command_of(service: dict[str, Any]) -> list[str]:
@@ -144,29 +149,28 @@ def test_the_dockerfile_installs_the_package_and_copies_files_that_exist():
 @pytest.mark.parametrize("name", WORKERS)
 def test_every_worker_command_is_a_real_prefork_worker_of_the_shop(services: dict[str, Any], name: str):
     service = services[name]
-    command, params, app = parse_celery(command_of(service), service["environment"])
+    command, params, app, conf = parse_celery(command_of(service), service["environment"])
     assert command == "worker"
     assert app.main == "shop"
     assert params["pool"] is get_implementation("prefork")
     assert params["hostname"].startswith(f"{name}@")  # one node name per worker (%h expanded)
-    assert app.conf.etcdlock_url == service["environment"]["ETCDLOCK_URL"]
-    assert app.conf.broker_url == service["environment"]["SHOP_BROKER_URL"]
-    assert {"shop.sync_customer", "shop.search", "shop.rebuild_search_index", "shop.nightly_report"} <= set(
-        _load_tasks(app)
-    )
+    assert conf["etcdlock_url"] == service["environment"]["ETCDLOCK_URL"]
+    assert conf["broker_url"] == service["environment"]["SHOP_BROKER_URL"]
+    assert {"shop.sync_customer", "shop.search", "shop.rebuild_search_index", "shop.nightly_report"} <= set(app.tasks)
 
 
 @pytest.mark.parametrize("name", BEATS)
 def test_every_beat_command_runs_the_leader_scheduler(services: dict[str, Any], name: str):
     service = services[name]
-    command, params, app = parse_celery(command_of(service), service["environment"])
+    command, params, app, conf = parse_celery(command_of(service), service["environment"])
     assert command == "beat"
     scheduler = symbol_by_name(params["scheduler"])
     assert scheduler is LeaderScheduler
     assert issubclass(scheduler, Scheduler)
-    assert app.conf.etcdlock_beat_ttl == float(service["environment"]["ETCDLOCK_BEAT_TTL"])
-    tasks = {entry["task"] for entry in app.conf.beat_schedule.values()}
-    assert tasks <= set(_load_tasks(app)), tasks - set(app.tasks)  # every scheduled task exists
+    assert conf["etcdlock_beat_ttl"] == float(service["environment"]["ETCDLOCK_BEAT_TTL"])
+    assert conf["beat_scheduler"] == params["scheduler"]  # the same, whether given or not
+    tasks = {entry["task"] for entry in conf["beat_schedule"].values()}
+    assert tasks <= set(app.tasks), tasks - set(app.tasks)  # every scheduled task exists
 
 
 def test_the_monitor_runs_a_module_of_ours(services: dict[str, Any]):
@@ -182,7 +186,7 @@ def test_the_documented_cli_commands_exist(services: dict[str, Any]):
     assert lines
     for line in lines:
         argv = shlex.split(line[line.index("celery -A") :])
-        command, _params, _app = parse_celery(argv, services["worker-1"]["environment"])
+        command, _params, _app, _conf = parse_celery(argv, services["worker-1"]["environment"])
         assert command == "etcdlock"
 
 
@@ -196,7 +200,8 @@ def test_the_demo_procfile_runs_the_same_commands(tmp_path: Path):
         loop = entries[name]
         assert loop.startswith(f"while :; do SHOP_NODE={name} ") and loop.endswith("; sleep 1; done")
         argv = shlex.split(loop.removeprefix(f"while :; do SHOP_NODE={name} ").removesuffix("; sleep 1; done"))
-        command, params, _app = parse_celery(["celery", *argv[3:]], stack.env)
+        command, params, _app, conf = parse_celery(["celery", *argv[3:]], stack.env)
+        assert conf["etcdlock_url"] == stack.env["ETCDLOCK_URL"]
         assert command == ("worker" if name in WORKERS else "beat")
         if command == "beat":
             assert symbol_by_name(params["scheduler"]) is LeaderScheduler
