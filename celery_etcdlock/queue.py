@@ -209,10 +209,10 @@ class QueueLock:
 
     def _acquire(self, deadline: float) -> bool:
         self._session = self.client.session(self.ttl)
-        claim = self._waiting = self._session.join(self.queue, self._value(), on_lost=self._lost)
+        claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
+        self._waiting = claim
         try:
             while True:
-                snapshot = self._backend.read_queue(self.queue)
                 mine = snapshot.find(claim.entry.token)
                 if mine is None:  # maybe a lagging member: ask the leader before giving up the entry
                     snapshot = self._backend.read_queue(self.queue, fresh=True)
@@ -224,7 +224,8 @@ class QueueLock:
                     logger.warning(
                         "lock %s: queue entry of %s vanished while waiting; queueing again", self.name, self.holder
                     )
-                    claim = self._waiting = self._session.join(self.queue, self._value(), on_lost=self._lost)
+                    claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
+                    self._waiting = claim
                     continue
                 blocker = blocker_of(snapshot.entries, mine, self.mode)
                 if blocker is None:
@@ -234,6 +235,7 @@ class QueueLock:
                 if not self._wait_for(blocker, snapshot.revision, deadline, claim):
                     self._session.leave(claim)
                     return False
+                snapshot = self._backend.read_queue(self.queue)
         except BaseException:
             self._session.leave(claim)  # never leave a dead request blocking the queue
             raise

@@ -14,7 +14,7 @@ passes, or a renewal finds an entry gone, every claim concerned is marked
 lost at once and its ``on_lost`` callback runs (on the renewer thread).
 
     session = client.session(ttl=10)
-    claim = session.join("locks/x", {"mode": "write"}, on_lost=print)
+    claim, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=print)
     claim.alive        # False once lost, or in a forked child
     session.leave(claim)
 
@@ -24,7 +24,6 @@ its own on first use (see ``Client``).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import os
@@ -37,7 +36,7 @@ from typing import Any
 from celery.utils.log import get_logger
 
 from . import retry
-from .backends.base import Backend, Entry, Lease, LeaseExpired
+from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot
 from .errors import BackendError
 
 logger = get_logger(__name__)
@@ -105,13 +104,15 @@ class Session:
 
     # -- used by the primitives ---------------------------------------------
 
-    def join(self, queue: str, value: dict[str, Any], on_lost: Callable[[str], None] | None = None) -> Claim:
-        """Create a new entry in ``queue`` and keep it alive until ``leave``."""
+    def join(
+        self, queue: str, value: dict[str, Any], on_lost: Callable[[str], None] | None = None
+    ) -> tuple[Claim, Snapshot]:
+        """Create a new entry in ``queue``, kept alive until ``leave``; and the queue as it then was."""
         for _attempt in range(3):
             lease = self._current_lease()
             sent = time.monotonic()
             try:
-                entry = self.backend.create_entry(queue, value, lease)
+                entry, snapshot = self.backend.join_queue(queue, value, lease)
             except LeaseExpired:
                 with self._mutex:
                     lost = self._expire("its lease expired on the server") if self._lease is lease else []
@@ -126,7 +127,7 @@ class Session:
                 # an idle session was not being renewed: resume ttl/3 after the last renewal
                 self.next_renewal = min(self.next_renewal, self.deadline + self.margin - self.ttl * 2 / 3)
             _renewer().schedule(self)
-            return claim
+            return claim, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
 
     def leave(self, claim: Claim) -> bool:
@@ -293,25 +294,29 @@ class Renewer:
     def __init__(self) -> None:
         self._wakeup = threading.Condition()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._wake_at = float("inf")  # when the thread plans to wake next
         self._thread = threading.Thread(target=self._run, name="etcdlock-renewer", daemon=True)
         self._thread.start()
 
     def schedule(self, session: Session) -> None:
+        """Make sure ``session`` is renewed when due; wakes the thread only if that is sooner than planned."""
         with self._wakeup:
             self._sessions.add(session)
-            self._wakeup.notify()
+            if session.next_due < self._wake_at:
+                self._wake_at = session.next_due
+                self._wakeup.notify()
 
     def _run(self) -> None:
         tiebreak = itertools.count()
         while True:
             with self._wakeup:
-                due = [(s.next_due, next(tiebreak), s) for s in self._sessions]
-                heapq.heapify(due)
+                due = sorted((s.next_due, next(tiebreak), s) for s in self._sessions)
                 now = time.monotonic()
                 if not due or due[0][0] > now:
-                    wait = (due[0][0] - now) if due and due[0][0] != float("inf") else None
-                    self._wakeup.wait(timeout=wait)
+                    self._wake_at = due[0][0] if due else float("inf")
+                    self._wakeup.wait(timeout=None if self._wake_at == float("inf") else self._wake_at - now)
                     continue
+                self._wake_at = now
             for when, _, session in due:
                 if when > time.monotonic():
                     break

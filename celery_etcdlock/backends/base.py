@@ -155,6 +155,14 @@ class Backend(abc.ABC):
         Raises ``LeaseExpired`` if the lease is gone on the server.
         """
 
+    def join_queue(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry, Snapshot]:
+        """``create_entry`` and a ``read_queue`` that includes the new entry.
+
+        A backend that can do both in one round trip (a v3 transaction) overrides this.
+        """
+        entry = self.create_entry(queue, value, lease)
+        return entry, self.read_queue(queue)
+
     @abc.abstractmethod
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
         """The queue's entries in creation order.
