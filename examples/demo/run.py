@@ -70,8 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--api",
         choices=("v2", "v3"),
-        default=os.environ.get("SHOP_DEMO_API", "v2"),
-        help="etcd API: v2 (etcd://) or v3 (etcd3://)",
+        default=os.environ.get("SHOP_DEMO_API", "v3"),
+        help="etcd API: v3 (etcd3://, the default) or v2 (etcd://)",
     )
     parser.add_argument("--etcd-members", type=int, default=1, choices=(1, 3), help="etcd cluster size")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, Procfile) afterwards")

@@ -63,7 +63,7 @@ class LocalStack:
         workers: int = 3,
         beats: int = 2,
         etcd_members: int = 1,
-        api: str = "v2",
+        api: str = "v3",
         beat_ttl: float | None = None,
         python: str = sys.executable,
     ) -> None:

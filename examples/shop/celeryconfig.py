@@ -12,7 +12,7 @@ worker_prefetch_multiplier = 1  # a busy worker leaves new messages to idle ones
 broker_connection_retry_on_startup = True
 
 # celery_etcdlock
-etcdlock_url = os.environ.get("ETCDLOCK_URL", "etcd://127.0.0.1:2379")
+etcdlock_url = os.environ.get("ETCDLOCK_URL", "etcd3://127.0.0.1:2379")
 etcdlock_prefix = os.environ.get("ETCDLOCK_PREFIX", "/shop")
 etcdlock_ttl = float(os.environ.get("ETCDLOCK_TTL", "10"))
 etcdlock_beat_ttl = float(os.environ.get("ETCDLOCK_BEAT_TTL", "5"))
