@@ -17,6 +17,7 @@ etcd on 2379 do not matter.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import json
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 from urllib import error as urlerror
@@ -46,6 +48,18 @@ ROOT_USER = "root"
 ROOT_PASSWORD = "root-secret"
 APP_USER = "app"
 APP_PASSWORD = "app-secret"
+
+
+_running: weakref.WeakSet[EtcdServer | RedisServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A safety net: no server or temp dir (etcd preallocates 64 MB of WAL) outlives the tests."""
+    for server in list(_running):
+        with contextlib.suppress(Exception):
+            server.kill()
+            shutil.rmtree(server.dir, ignore_errors=True)
 
 
 class ServerError(RuntimeError):
@@ -392,6 +406,7 @@ class EtcdServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        _running.add(self)
         self.paused = False
 
     def _wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
@@ -673,6 +688,7 @@ class RedisServer:
                 self.process = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
                 )
+            _running.add(self)
             try:
                 wait_until(self._ready, START_TIMEOUT, f"redis-server on {self.endpoint}")
                 return self
@@ -709,6 +725,12 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
 
     def close(self) -> None:
         self.stop()
