@@ -214,15 +214,23 @@ class Events:
 
     def __init__(self, started: float, echo: bool = False) -> None:
         self.started = started
-        self.lines: list[str] = []
         self.echo = echo  # print each event as it happens (when the screen is not redrawn)
+        self._events: list[tuple[float, int, str]] = []
         self._leader: str | None = None
 
     def add(self, text: str, at: float | None = None) -> None:
-        line = f"{(at if at is not None else time.time()) - self.started:6.1f}s  {text}"
-        self.lines.append(line)
+        at = at if at is not None else time.time()
+        self._events.append((at, len(self._events), text))
         if self.echo:
-            print(line, flush=True)
+            print(self._line(at, text), flush=True)
+
+    @property
+    def lines(self) -> list[str]:
+        """Every event so far, in the order they happened."""
+        return [self._line(at, text) for at, _, text in sorted(self._events)]
+
+    def _line(self, at: float, text: str) -> str:
+        return f"{at - self.started:6.1f}s  {text}"
 
     def observe(self, observation: Observation) -> str | None:
         """Note a change of beat leader; returns the new leader's name when it changed."""
