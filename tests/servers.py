@@ -152,9 +152,13 @@ def _check_version(path: str, version: str) -> None:
 # -- TLS ---------------------------------------------------------------------------------------
 
 
-def make_certificates(directory: Path) -> dict[str, Path]:
+def make_certificates(directory: Path, client_cn: str = "") -> dict[str, Path]:
     """A self-signed CA, a server cert for 127.0.0.1/localhost and a client cert, made by openssl.
 
+    ``client_cn``: the client cert's CommonName. Leave it empty for the v3 JSON gateway, which
+    refuses a client cert with a CN once auth is enabled ("CommonName of client sending a request
+    against gateway will be ignored"); give one for the v2 API, whose handler drops the
+    connection on a client cert without a CN once v2 auth is enabled (etcd 3.4).
     Returns paths: ca, server_cert, server_key, client_cert, client_key.
     """
     directory.mkdir(parents=True, exist_ok=True)
@@ -193,9 +197,7 @@ def make_certificates(directory: Path) -> dict[str, Path]:
     for kind, cn, ext in (
         # etcd's own gateway dials the server with the server cert as a client cert: both usages.
         ("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"),
-        # No CN: etcd 3.5's JSON gateway refuses a client cert with a CN once auth is enabled
-        # ("CommonName of client sending a request against gateway will be ignored").
-        ("client", "", "extendedKeyUsage=clientAuth\n"),
+        ("client", client_cn, "extendedKeyUsage=clientAuth\n"),
     ):
         csr = directory / f"{kind}.csr"
         extfile = directory / f"{kind}.ext"
@@ -291,7 +293,7 @@ class EtcdServer:
         self.client_cert: str | None = None
         self.client_key: str | None = None
         if tls:
-            files = make_certificates(self.dir / "tls")
+            files = make_certificates(self.dir / "tls", "celery-etcdlock-test-client" if api == "v2" else "")
             self.ca_file = str(files["ca"])
             self.client_cert = str(files["client_cert"])
             self.client_key = str(files["client_key"])

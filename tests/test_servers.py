@@ -89,10 +89,20 @@ def test_v3_tls_and_auth_answer_only_with_a_token(etcd_server_factory) -> None:
     assert server.url().startswith(f"etcd3s://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{server.client_port}?ca=")
 
 
-def test_client_cert_auth_demands_the_client_certificate(etcd_server_factory) -> None:
-    server = etcd_server_factory("3.4", tls=True, client_cert_auth=True)
+@pytest.mark.parametrize("api", ["v2", "v3"])
+def test_client_cert_auth_demands_the_client_certificate(etcd_server_factory, api: str) -> None:
+    if api == "v2":
+        server = etcd_server_factory("3.4", tls=True, auth=True, client_cert_auth=True)
+    else:
+        server = etcd_server_factory("3.5", enable_v2=False, tls=True, auth=True, client_cert_auth=True)
     assert server.http("GET", "/version", client_cert=False)[0] == 0
     assert server.http("GET", "/version", client_cert=True)[0] == 200
+    if api == "v2":
+        assert server.http("GET", "/v2/keys/")[0] == 401
+        assert server.http("GET", "/v2/keys/", basic_auth=(APP_USER, APP_PASSWORD))[0] == 200
+    else:
+        assert v3_put(server, "/k", "anon") != 200
+        assert v3_put(server, "/k", "app", token=server.v3_token()) == 200
 
 
 @pytest.mark.parametrize("version,enable_v2", [("3.4", True), ("3.5", False)])
