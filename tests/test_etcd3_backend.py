@@ -536,3 +536,61 @@ def test_after_fork_the_child_uses_connections_of_its_own(backend: Etcd3Backend)
     proc.join(30)
     assert proc.exitcode == 0
     assert backend.read_queue("locks/q").entries == [entry]  # the parent's connections still work
+
+
+# -- a server that stops answering or dies during a watch -----------------------------------------
+
+
+def watch_streams(server: EtcdServer) -> int:
+    for line in server.metrics().splitlines():
+        if line.startswith("etcd_debugging_mvcc_watch_stream_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("etcd_debugging_mvcc_watch_stream_total not in /metrics")
+
+
+@pytest.mark.parametrize("api", ["v3"])
+def test_a_watch_on_a_frozen_server_ends_at_its_deadline(own_etcd: EtcdServer) -> None:
+    b = make(own_etcd.url(prefix="/frozen"), retry_max_delay=2, timeout=2)
+    entry = b.create_entry("locks/q", {}, b.grant(30))
+    snapshot = b.read_queue("locks/q")
+    waiter = wait_for(b, entry, snapshot.revision, timeout=3)
+    wait_until(lambda: watch_streams(own_etcd) >= 1, 30, "the watch to be established")
+    own_etcd.pause()
+    try:
+        waiter.join(30)
+        assert not waiter.is_alive(), "wait_gone hung past its deadline"
+        assert waiter.results == [WaitResult.TIMEOUT]  # type: ignore[attr-defined]
+    finally:
+        own_etcd.resume()
+
+
+@pytest.mark.parametrize("api", ["v3"])
+def test_a_watch_whose_server_dies_is_backend_unavailable(own_etcd: EtcdServer) -> None:
+    b = make(own_etcd.url(prefix="/dies"), retry_max_delay=1)
+    entry = b.create_entry("locks/q", {}, b.grant(30))
+    snapshot = b.read_queue("locks/q")
+    errors: list[Exception] = []
+
+    def wait() -> None:
+        try:
+            b.wait_gone(entry, snapshot.revision, timeout=120)
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    wait_until(lambda: watch_streams(own_etcd) >= 1, 30, "the watch to be established")
+    own_etcd.kill()
+    thread.join(60)
+    assert not thread.is_alive(), "wait_gone hung after etcd died"
+    assert len(errors) == 1 and isinstance(errors[0], BackendUnavailable), errors
+    assert own_etcd.endpoint in str(errors[0])
+
+
+def test_tokens_lost_in_a_restart_are_renewed(auth_server: EtcdServer, prefix: str,
+                                              requests_sent: Counter[str]) -> None:
+    b = make(auth_server.url(prefix=prefix), retry_max_delay=30)
+    entry = b.create_entry("locks/q", {}, b.grant(60))
+    auth_server.restart()  # simple tokens live in memory only
+    assert b.read_queue("locks/q").entries == [entry]
+    assert requests_sent["/v3/auth/authenticate"] == 2
