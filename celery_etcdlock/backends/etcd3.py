@@ -4,7 +4,11 @@ A queue is a key prefix; an entry is the key ``<queue>/<lease hex>.<nonce>``,
 attached to the session's lease, created by a transaction that puts it only
 if it does not exist yet. Its token is its ``create_revision``. The queue is
 read in one range request sorted by create revision; a waiter watches the one
-key it waits for, for DELETE, from the revision of that read.
+key it waits for, for DELETE, from the revision of that read. A renewal is
+one lease keep-alive plus one listing of the lease's keys, whatever the
+number of entries (the listing notices an entry deleted behind our back).
+Records are written by one transaction comparing their mod revision and,
+when fenced, the fence entry's create revision.
 
     backend = Etcd3Backend(parse_url("etcd3://127.0.0.1:2379"))   # no network I/O yet
     lease = backend.grant(10)
