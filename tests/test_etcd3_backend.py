@@ -594,3 +594,50 @@ def test_tokens_lost_in_a_restart_are_renewed(auth_server: EtcdServer, prefix: s
     auth_server.restart()  # simple tokens live in memory only
     assert b.read_queue("locks/q").entries == [entry]
     assert requests_sent["/v3/auth/authenticate"] == 2
+
+
+# -- how the gateway's gRPC errors are classified (the messages etcd 3.5 sends) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "kind"),
+    [
+        (14, "etcdserver: leader changed", retry.Transient),
+        (14, "etcdserver: no leader", retry.Transient),
+        (14, "etcdserver: request timed out", retry.Transient),
+        (8, "etcdserver: too many requests", retry.Transient),
+        (4, "context deadline exceeded", retry.Transient),
+        (2, "etcdserver: leader changed", retry.Transient),  # by message, whatever the code
+        (7, "etcdserver: permission denied", AuthenticationFailed),
+        (3, "etcdserver: authentication failed, invalid user ID or password", AuthenticationFailed),
+        (3, "etcdserver: user name is empty", AuthenticationFailed),
+        (5, "etcdserver: requested lease not found", Exception),  # an answer, not retried
+        (3, "etcdserver: duplicate key given in txn request", Exception),
+    ],
+)
+def test_grpc_errors_are_classified(code: int, message: str, kind: type[Exception]) -> None:
+    b = make("etcd3://127.0.0.1:1,127.0.0.1:2")
+    error = b._grpc_error(0, code, message)
+    assert isinstance(error, kind)
+    if kind is Exception:
+        assert not isinstance(error, (retry.Transient, BackendError))  # becomes BackendError, never retried
+    assert message in str(error)
+
+
+class _Unavailable(_NotEtcd):
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_error(503)
+
+    do_POST = do_GET  # noqa: N815
+
+
+def test_http_5xx_is_retried_then_backend_unavailable() -> None:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        b = make(f"etcd3://127.0.0.1:{httpd.server_address[1]}", retry_max_delay=0.3)
+        with pytest.raises(BackendUnavailable, match="HTTP 503"):
+            b.read_queue("locks/q")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
