@@ -207,16 +207,7 @@ def test_release_asks_first_then_hands_the_lock_to_the_next_waiter(
     assert locks_json(run_cli)["stuck"]["holders"][0]["token"] == new_token
 
 
-def test_a_force_released_holder_learns_it_lost_the_lock(
-    run_cli: Callable[..., Result], holders: Callable[..., Proc], api: str, request: pytest.FixtureRequest
-):
-    if api == "v3":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="etcd v3 backend: keep_alive renews the lease but does not notice a deleted entry",
-            )
-        )
+def test_a_force_released_holder_learns_it_lost_the_lock(run_cli: Callable[..., Result], holders: Callable[..., Proc]):
     holder = holders("mutex", "stuck", "worker-1")
     holder.expect(r"held (\d+)")
     assert run_cli("release", "stuck", "--yes").exit_code == 0
@@ -230,6 +221,8 @@ def test_release_yes_json_releases_every_reader(run_cli: Callable[..., Result], 
     result = run_cli("release", "index", "--yes", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"name": "index", "released": tokens}
+    for reader in readers:
+        reader.expect("lost", timeout=20)
     assert "index" not in locks_json(run_cli)
 
 
