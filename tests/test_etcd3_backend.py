@@ -641,3 +641,15 @@ def test_http_5xx_is_retried_then_backend_unavailable() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_tls_with_client_certificates_and_password_auth(etcd_server_factory: Callable[..., EtcdServer]) -> None:
+    etcd = etcd_server_factory("3.5", enable_v2=False, tls=True, client_cert_auth=True, auth=True)
+    b = make(etcd.url(prefix="/mtls"), retry_max_delay=5)  # etcd3s://app:app-secret@...?ca=&cert=&key=
+    entry = b.create_entry("locks/q", {}, b.grant(10))
+    assert b.read_queue("locks/q").entries == [entry]
+    assert b.keep_alive(b.grant(10), [], timeout=5) == set()
+
+    no_cert = make(f"etcd3s://app:app-secret@{etcd.endpoint}?ca={etcd.ca_file}", retry_max_delay=0.5)
+    with pytest.raises(BackendError, match="refused the TLS connection.*client certificate.*cert="):
+        no_cert.read_queue("locks/q")

@@ -292,6 +292,11 @@ class Etcd3Backend(Backend):
                     f"the TLS certificate of {endpoint} could not be verified: {exc} "
                     "(give the CA that signed it with ?ca=/path/to/ca.pem)"
                 )
+            if any(alert in text for alert in ("ALERT_BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "UNKNOWN_CA")):
+                return BackendError(
+                    f"{endpoint} refused the TLS connection ({exc}): it wants a client certificate it trusts "
+                    "(give ?cert=/path/to/client.pem&key=/path/to/client.key)"
+                )
             if first_contact and self._greeting(index).startswith(b"HTTP/"):
                 return UnsupportedServer(f"{endpoint} does not speak TLS, only plain HTTP: use etcd3:// for it")
         elif first_contact and (_not_http(exc) or _find_cause(exc, ConnectionResetError)):
