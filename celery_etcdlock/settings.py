@@ -6,7 +6,7 @@
 | setting                    | default                 |
 | -------------------------- | ----------------------- |
 | ``etcdlock_url``           | ``etcd://127.0.0.1:2379`` |
-| ``etcdlock_prefix``        | ``/celery-etcdlock``    |
+| ``etcdlock_prefix``        | the URL's ``?prefix=``, else ``/celery-etcdlock`` |
 | ``etcdlock_ttl``           | ``30`` (seconds)        |
 | ``etcdlock_beat_ttl``      | ``10`` (seconds)        |
 | ``etcdlock_retry_max_delay`` | ``30`` (seconds)      |
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import Client
-from .connect import DEFAULT_PREFIX, DEFAULT_RETRY_MAX_DELAY, connect
+from .connect import DEFAULT_RETRY_MAX_DELAY, connect
 from .session import check_ttl
 
 DEFAULTS: dict[str, Any] = {
     "etcdlock_url": "etcd://127.0.0.1:2379",
-    "etcdlock_prefix": DEFAULT_PREFIX,
+    "etcdlock_prefix": None,  # the URL's ?prefix=, else DEFAULT_PREFIX
     "etcdlock_ttl": 30,
     "etcdlock_beat_ttl": 10,
     "etcdlock_retry_max_delay": DEFAULT_RETRY_MAX_DELAY,
@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Any] = {
 @dataclass(frozen=True)
 class Settings:
     url: str
-    prefix: str
+    prefix: str | None
     ttl: float
     beat_ttl: float
     retry_max_delay: float
@@ -52,14 +52,14 @@ class Settings:
 
         return cls(
             url=str(get("etcdlock_url")),
-            prefix=str(get("etcdlock_prefix")),
+            prefix=None if get("etcdlock_prefix") is None else str(get("etcdlock_prefix")),
             ttl=check_ttl(get("etcdlock_ttl"), "etcdlock_ttl"),
             beat_ttl=check_ttl(get("etcdlock_beat_ttl"), "etcdlock_beat_ttl"),
             retry_max_delay=float(get("etcdlock_retry_max_delay")),
         )
 
 
-_clients: dict[tuple[str, str, float], Client] = {}
+_clients: dict[tuple[str, str | None, float], Client] = {}
 _clients_lock = threading.Lock()
 
 

@@ -42,6 +42,7 @@ class Entry:
     token: int  # creation number: queue order and fencing token
     value: dict[str, Any]
     raw: str = field(repr=False, compare=False, default="")  # the exact stored text
+    ttl: float | None = field(compare=False, default=None)  # seconds left, where the read says
 
     @property
     def mode(self) -> str:

@@ -251,6 +251,7 @@ class Etcd2Backend(Backend):
                 int(child["createdIndex"]),
                 decode_json(child.get("value")),
                 child.get("value", ""),
+                child.get("ttl"),
             )
             for child in node.get("nodes", ())
             if not child.get("dir")
