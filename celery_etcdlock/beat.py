@@ -24,21 +24,26 @@ The guarantee, exactly:
   is ever sent twice**, whatever processes pause, die or get partitioned.
 - The document is fenced by the election. A new leader's first write records
   its election token in the document (a compare-and-swap on the version it
-  read); in etcd v3 every write is also one transaction that checks the
-  leader's election entry still exists with that token. A deposed leader's
-  next write fails, and a process sends only after its write succeeded *and*
-  while ``is_leader`` is still true, which turns false locally before the TTL
+  read), so every later write of an earlier leader fails; in etcd v3 every
+  write is moreover one transaction that checks the writer's election entry
+  still exists with that token, so it fails as soon as that entry is gone.
+  A process sends a run only if its write succeeded *and* ``is_leader`` is
+  still true afterwards, and ``is_leader`` turns false locally before the TTL
   can lapse on the server. **A deposed leader (paused, partitioned, cut off
-  from etcd) sends nothing** once it has been deposed; in v2, where the fence is
-  the token in the document, at worst one run that it recorded before the new
-  leader's take-over write, and never one the new leader sends too.
+  from etcd) therefore neither writes nor sends**; the one exception is a
+  process frozen in the instant between that last check and the publish to
+  the broker, which publishes that one run late when it resumes: a run it
+  recorded while leading, which no other leader sends again.
 - A run that fell due while no leader was up is sent once by the next leader,
   as soon as it takes over (Celery's own catch-up rule: one overdue run, not
   one per missed interval).
 - Runs are sent *at most* once: a leader that dies (or loses leadership, or
   fails to publish to the broker) between recording a run and publishing it
-  loses that one run; the next one is sent on time. While etcd cannot be
-  reached for longer than the TTL nobody sends (fail closed).
+  loses that one run; the next one is sent on time.
+- While etcd cannot be reached nobody sends (fail closed): the leader cannot
+  record runs (each write is retried by the retry policy, up to
+  ``etcdlock_retry_max_delay``), and it is deposed once it could not renew for
+  the TTL. When etcd is back, a leader is elected and catches up as above.
 - "Due" is judged by the clock of the leader: keep the hosts' clocks in sync
   (NTP). Skew between two hosts shifts the first run after a fail-over by at
   most that skew.

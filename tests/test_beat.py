@@ -21,12 +21,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import redis
@@ -35,7 +37,7 @@ from celery import Celery
 from celery_etcdlock import Election, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
 from celery_etcdlock.store import DocumentStore
-from tests.servers import EtcdServer, RedisServer
+from tests.servers import EtcdServer
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -53,29 +55,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         time.sleep(interval)
 
 
-# -- servers (module-scoped; the restart test has its own etcd) ------------------------------------
-
-
-@pytest.fixture(scope="module")
-def beat_etcd() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def beat_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-def own_beat_etcd() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
-        yield server
-
-
 def unique() -> str:
     return uuid.uuid4().hex[:10]
+
+
+def url_prefix(url: str) -> str:
+    """The ``?prefix=`` of an etcd URL (the fixtures give each test its own)."""
+    return parse_qs(urlsplit(url).query).get("prefix", ["/celery-etcdlock"])[0]
 
 
 # -- in-process schedulers ---------------------------------------------------------------------------
@@ -88,7 +74,7 @@ def make_app(etcd_url: str, broker: str, schedule: dict[str, Any], ttl: float = 
         task_ignore_result=True,
         beat_schedule=schedule,
         etcdlock_url=etcd_url,
-        etcdlock_prefix=etcd_url.partition("prefix=")[2] or "/celery-etcdlock",
+        etcdlock_prefix=url_prefix(etcd_url),
         etcdlock_beat_ttl=ttl,
         etcdlock_retry_max_delay=5,
         etcdlock_beat_name=name or f"inproc-{unique()}",
@@ -133,9 +119,9 @@ def scheduler_for(made: list[LeaderScheduler], app: Celery, url: str, identity: 
     return scheduler
 
 
-def test_lazy_and_unticked_schedulers_do_not_campaign(beat_etcd, beat_redis, schedulers):
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
-    app = make_app(url, beat_redis.url(), {"every": {"task": "t", "schedule": 1.0}})
+def test_lazy_and_unticked_schedulers_do_not_campaign(etcd_url, redis_url, schedulers):
+    url = etcd_url
+    app = make_app(url, redis_url, {"every": {"task": "t", "schedule": 1.0}})
     banner = LeaderScheduler(app, lazy=True)  # what `celery beat` builds for its banner
     assert "beat/" in banner.info
     scheduler = scheduler_for(schedulers, app, url, "a:1")
@@ -148,9 +134,9 @@ def test_lazy_and_unticked_schedulers_do_not_campaign(beat_etcd, beat_redis, sch
     assert observer.leader() == "a:1"
 
 
-def test_only_the_leader_writes_and_sends(beat_etcd, beat_redis, schedulers):
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
-    app = make_app(url, beat_redis.url(), {"every": {"task": "t", "schedule": 0.2, "args": (1,), "kwargs": {"k": 2}}})
+def test_only_the_leader_writes_and_sends(etcd_url, redis_url, schedulers):
+    url = etcd_url
+    app = make_app(url, redis_url, {"every": {"task": "t", "schedule": 0.2, "args": (1,), "kwargs": {"k": 2}}})
     a = scheduler_for(schedulers, app, url, "a:1")
     b = scheduler_for(schedulers, app, url, "b:2")
     tick_until(a, lambda: a.is_leader, 20, "a to lead")
@@ -168,34 +154,89 @@ def test_only_the_leader_writes_and_sends(beat_etcd, beat_redis, schedulers):
     assert DocumentStore(a._client(), STATE_KIND).get(beat_name(app)).version == version
 
 
-def test_deposed_leader_can_neither_write_nor_send(beat_etcd, beat_redis, schedulers):
-    """A leader whose entry is gone but who has not noticed yet (a pause, a partition) is fenced off."""
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
-    app = make_app(url, beat_redis.url(), {"every": {"task": "t", "schedule": 0.2}}, ttl=30)
+class FrozenFence:
+    def __init__(self, entry: Any) -> None:
+        self.fence_entry = entry
+
+
+class PausedBeforePut:
+    """Wraps a scheduler's DocumentStore: the next put() stops where a process could be paused.
+
+    That is inside ``DocumentStore.put``, after it read the fence entry (still held
+    then) and before the request: the write itself is real, only its timing is
+    chosen by the test.
+    """
+
+    def __init__(self, store: DocumentStore) -> None:
+        self.store = store
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+        self.results: list[Any] = []
+
+    def get(self, name: str) -> Any:
+        return self.store.get(name)
+
+    def put(self, name: str, value: dict[str, Any], *, fence: Any = None, **kwargs: Any) -> Any:
+        frozen = FrozenFence(fence.fence_entry) if fence is not None else None
+        self.paused.set()
+        self.resume.wait(30)
+        result = self.store.put(name, value, fence=frozen, **kwargs)
+        self.results.append(result)
+        return result
+
+
+def test_deposed_leader_can_neither_write_nor_send(etcd_url, redis_url, schedulers):
+    """A leader paused after its last leadership check, deposed meanwhile, is fenced off when it resumes."""
+    url = etcd_url
+    app = make_app(url, redis_url, {"every": {"task": "t", "schedule": 0.2}}, ttl=30)
     a = scheduler_for(schedulers, app, url, "a:1")
     b = scheduler_for(schedulers, app, url, "b:2")
     tick_until(a, lambda: queued(app) >= 1, 20, "a to send")
     b.tick()
-    # a's election entry disappears behind its back; with ttl=30 its renewer does not notice for seconds
-    admin = connect(url)
-    assert admin.backend.delete_entry(a._election.fence_entry)
-    tick_until(b, lambda: b.is_leader, 20, "b to take over")
-    assert state(app, b._client())["leader"] == "b:2"
-    sent = queued(app)
-    assert a._election.is_leader, "a noticed too early for this test to mean anything"
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:  # several runs of "every" fall due in a
-        time.sleep(max(0.0, min(0.05, a.tick())))
-    assert not a.is_leader
+    store = a._store = PausedBeforePut(a._store)  # type: ignore[assignment]
+    ticking = threading.Thread(target=tick_until, args=(a, lambda: store.results, 30, "a's write"), daemon=True)
+    ticking.start()
+    try:
+        assert store.paused.wait(10), "a did not try to record a run"
+        # while a is paused in its write, it is deposed and b takes over
+        assert connect(url).backend.delete_entry(a._election.fence_entry)
+        tick_until(b, lambda: b.is_leader, 20, "b to take over")
+        taken_over = DocumentStore(b._client(), STATE_KIND).get(beat_name(app))
+        sent = queued(app)
+    finally:
+        store.resume.set()
+    ticking.join(10)
+    assert store.results and store.results[0] is None, "the deposed leader's write went through"
+    assert DocumentStore(b._client(), STATE_KIND).get(beat_name(app)) == taken_over
     assert queued(app) == sent, "the deposed leader sent a run"
-    assert state(app, b._client())["leader"] == "b:2", "the deposed leader wrote the state"
+    assert not a.is_leader
     tick_until(b, lambda: queued(app) > sent, 10, "b to keep sending")
 
 
-def test_new_leader_sends_one_overdue_run_and_keeps_counts(beat_etcd, beat_redis, schedulers):
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
+@pytest.mark.parametrize("api", ["v3"])  # v2 has no multi-key transaction: its fence is the new leader's write
+def test_v3_write_of_a_leader_whose_entry_vanished_is_refused(api, etcd_url, redis_url, schedulers):
+    """No other leader yet: the transaction's fence alone refuses the write, so nothing is sent."""
+    app = make_app(etcd_url, redis_url, {"every": {"task": "t", "schedule": 0.2}}, ttl=30)
+    a = scheduler_for(schedulers, app, etcd_url, "a:1")
+    tick_until(a, lambda: queued(app) >= 1, 20, "a to send")
+    store = a._store = PausedBeforePut(a._store)  # type: ignore[assignment]
+    ticking = threading.Thread(target=tick_until, args=(a, lambda: store.results, 30, "a's write"), daemon=True)
+    ticking.start()
+    try:
+        assert store.paused.wait(10), "a did not try to record a run"
+        assert connect(etcd_url).backend.delete_entry(a._election.fence_entry)
+        sent = queued(app)
+    finally:
+        store.resume.set()
+    ticking.join(10)
+    assert store.results == [None], "the write of a leader whose election entry is gone went through"
+    assert queued(app) == sent, "a deposed leader sent a run"
+
+
+def test_new_leader_sends_one_overdue_run_and_keeps_counts(etcd_url, redis_url, schedulers):
+    url = etcd_url
     schedule = {"often": {"task": "t", "schedule": 0.1}, "hourly": {"task": "t", "schedule": 3600.0}}
-    app = make_app(url, beat_redis.url(), schedule)
+    app = make_app(url, redis_url, schedule)
     a = scheduler_for(schedulers, app, url, "a:1")
     tick_until(a, lambda: queued(app) >= 3, 20, "a to send")
     a.close()
@@ -220,9 +261,9 @@ def test_new_leader_sends_one_overdue_run_and_keeps_counts(beat_etcd, beat_redis
     assert count >= 3
 
 
-def test_schedule_changes_apply_when_a_leader_takes_over(beat_etcd, beat_redis, schedulers):
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
-    app = make_app(url, beat_redis.url(), {"a": {"task": "t", "schedule": 0.1}, "b": {"task": "t", "schedule": 0.1}})
+def test_schedule_changes_apply_when_a_leader_takes_over(etcd_url, redis_url, schedulers):
+    url = etcd_url
+    app = make_app(url, redis_url, {"a": {"task": "t", "schedule": 0.1}, "b": {"task": "t", "schedule": 0.1}})
     old = scheduler_for(schedulers, app, url, "old:1")
     tick_until(old, lambda: old.is_leader and state(app, old._client())["entries"]["a"]["total_run_count"] >= 2,
                20, "runs of a")
@@ -239,9 +280,9 @@ def test_schedule_changes_apply_when_a_leader_takes_over(beat_etcd, beat_redis, 
     assert new.schedule["a"].schedule.run_every == timedelta(seconds=60)
 
 
-def test_unusable_stored_state_is_ignored_not_fatal(beat_etcd, beat_redis, schedulers):
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
-    app = make_app(url, beat_redis.url(), {"a": {"task": "t", "schedule": 60.0}, "b": {"task": "t", "schedule": 60.0}})
+def test_unusable_stored_state_is_ignored_not_fatal(etcd_url, redis_url, schedulers):
+    url = etcd_url
+    app = make_app(url, redis_url, {"a": {"task": "t", "schedule": 60.0}, "b": {"task": "t", "schedule": 60.0}})
     store = DocumentStore(connect(url), STATE_KIND)
     garbage = {"token": "x", "entries": {"a": {"last_run_at": "yesterday"}, "b": {"last_run_at": "2020-01-01T00:00:00",
                                                                                 "total_run_count": -1}}}
@@ -253,9 +294,9 @@ def test_unusable_stored_state_is_ignored_not_fatal(beat_etcd, beat_redis, sched
     assert all(isinstance(e["total_run_count"], int) for e in doc["entries"].values())
 
 
-def test_close_resigns_so_a_follower_takes_over_at_once(beat_etcd, beat_redis, schedulers):
-    url = beat_etcd.url(prefix=f"/beat-{unique()}")
-    app = make_app(url, beat_redis.url(), {"every": {"task": "t", "schedule": 0.2}}, ttl=60)
+def test_close_resigns_so_a_follower_takes_over_at_once(etcd_url, redis_url, schedulers):
+    url = etcd_url
+    app = make_app(url, redis_url, {"every": {"task": "t", "schedule": 0.2}}, ttl=60)
     a = scheduler_for(schedulers, app, url, "a:1")
     b = scheduler_for(schedulers, app, url, "b:2")
     tick_until(a, lambda: a.is_leader, 20, "a to lead")
@@ -274,7 +315,7 @@ class Beats:
 
     def __init__(self, tmp: Path, etcd_url: str, redis_url: str, ttl: float, schedule: str = "every") -> None:
         tag = unique()
-        self.prefix = f"/beat-{tag}"
+        self.prefix = url_prefix(etcd_url)
         self.tmp = tmp
         self.redis = redis.Redis.from_url(redis_url)
         self.runs_key = f"runs-{tag}"
@@ -382,17 +423,17 @@ def make_beats(tmp_path: Path) -> Iterator[Callable[..., Beats]]:
         print(beats.dump())  # shown by pytest when the test failed
 
 
-def start(make_beats: Callable[..., Beats], etcd: EtcdServer, redis_server: RedisServer, n: int, ttl: float,
+def start(make_beats: Callable[..., Beats], etcd_url: str, redis_url: str, n: int, ttl: float,
           schedule: str = "every") -> Beats:
-    beats = make_beats(etcd.url(), redis_server.url(), ttl, schedule)
+    beats = make_beats(etcd_url, redis_url, ttl, schedule)
     for _ in range(n):
         beats.start_beat()
     beats.start_worker()
     return beats
 
 
-def test_two_beats_one_sender_once_a_second(beat_etcd, beat_redis, make_beats):
-    beats = start(make_beats, beat_etcd, beat_redis, n=2, ttl=3)
+def test_two_beats_one_sender_once_a_second(etcd_url, redis_url, make_beats):
+    beats = start(make_beats, etcd_url, redis_url, n=2, ttl=3)
     leader = beats.leader()
     first = beats.runs()[0]["sent_at"]
     wait_until(lambda: beats.runs_after(first + 8), 30, "8 s of runs")
@@ -406,9 +447,9 @@ def test_two_beats_one_sender_once_a_second(beat_etcd, beat_redis, make_beats):
     assert "Sending due task" not in beats.log(follower)
 
 
-def test_sigkill_leader_another_takes_over_without_doubles(beat_etcd, beat_redis, make_beats):
+def test_sigkill_leader_another_takes_over_without_doubles(etcd_url, redis_url, make_beats):
     ttl = 2
-    beats = start(make_beats, beat_etcd, beat_redis, n=3, ttl=ttl)
+    beats = start(make_beats, etcd_url, redis_url, n=3, ttl=ttl)
     leader = beats.leader()
     wait_until(lambda: len(beats.runs()) >= 3, 30, "3 runs")
     beats.signal(leader, signal.SIGKILL)
@@ -424,9 +465,9 @@ def test_sigkill_leader_another_takes_over_without_doubles(beat_etcd, beat_redis
     beats.check_no_doubles()
 
 
-def test_sigstop_leader_resumes_as_follower_and_sends_nothing(beat_etcd, beat_redis, make_beats):
+def test_sigstop_leader_resumes_as_follower_and_sends_nothing(etcd_url, redis_url, make_beats):
     ttl = 2
-    beats = start(make_beats, beat_etcd, beat_redis, n=2, ttl=ttl)
+    beats = start(make_beats, etcd_url, redis_url, n=2, ttl=ttl)
     leader = beats.leader()
     wait_until(lambda: len(beats.runs()) >= 2, 30, "2 runs")
     beats.signal(leader, signal.SIGSTOP)
@@ -444,9 +485,9 @@ def test_sigstop_leader_resumes_as_follower_and_sends_nothing(beat_etcd, beat_re
     beats.check_no_doubles()
 
 
-def test_sigterm_leader_resigns_and_another_takes_over_at_once(beat_etcd, beat_redis, make_beats):
+def test_sigterm_leader_resigns_and_another_takes_over_at_once(etcd_url, redis_url, make_beats):
     ttl = 20  # a take-over well before the ttl can only come from resigning
-    beats = start(make_beats, beat_etcd, beat_redis, n=2, ttl=ttl)
+    beats = start(make_beats, etcd_url, redis_url, n=2, ttl=ttl)
     leader = beats.leader()
     wait_until(lambda: len(beats.runs()) >= 2, 30, "2 runs")
     beats.signal(leader, signal.SIGTERM)
@@ -461,16 +502,16 @@ def test_sigterm_leader_resigns_and_another_takes_over_at_once(beat_etcd, beat_r
     beats.check_no_doubles()
 
 
-def test_etcd_restart_sending_resumes_without_doubles(own_beat_etcd, beat_redis, make_beats):
+def test_etcd_restart_sending_resumes_without_doubles(own_etcd: EtcdServer, redis_url, make_beats):
     ttl = 2
-    beats = start(make_beats, own_beat_etcd, beat_redis, n=2, ttl=ttl)
+    beats = start(make_beats, own_etcd.url(prefix=f"/beat-{unique()}"), redis_url, n=2, ttl=ttl)
     leader = beats.leader()
     wait_until(lambda: len(beats.runs()) >= 2, 30, "2 runs")
-    own_beat_etcd.stop()
+    own_etcd.stop()
     down_at = time.time()
     wait_until(lambda: "stopped sending" in beats.log(leader), ttl + 15, "the leader to stop sending")
     stopped_at = time.time()
-    own_beat_etcd.start()
+    own_etcd.start()
     up_at = time.time()
     wait_until(lambda: len(beats.runs_after(up_at)) >= 3, 60, "3 runs after etcd came back")
     beats.settle()
@@ -480,9 +521,10 @@ def test_etcd_restart_sending_resumes_without_doubles(own_beat_etcd, beat_redis,
     beats.check_no_doubles()
 
 
-def test_crontab_run_due_during_failover_is_sent_exactly_once(beat_etcd, beat_redis, make_beats):
+@pytest.mark.parametrize("api", ["v2"])  # a minute boundary to wait for: once is enough
+def test_crontab_run_due_during_failover_is_sent_exactly_once(etcd_url, redis_url, make_beats):
     ttl = 2
-    beats = start(make_beats, beat_etcd, beat_redis, n=2, ttl=ttl, schedule="every,cron")
+    beats = start(make_beats, etcd_url, redis_url, n=2, ttl=ttl, schedule="every,cron")
     leader = beats.leader()
     # kill the leader 1.5 s before a minute starts, so that the crontab run falls due with no leader up
     now = time.time()
