@@ -32,12 +32,14 @@ import inspect
 import json
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
 import celery
 from celery import shared_task, signals
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
@@ -583,12 +585,25 @@ def _describe(holders: list[dict[str, Any]]) -> str:
     return ", ".join(described)
 
 
-def _finished(task: SingletonTask, task_id: str) -> bool:
-    """Whether the result backend already has a final state for ``task_id`` (False if unknown)."""
-    try:
-        return bool(AsyncResult(task_id, app=task.app, backend=task.backend).ready())
-    except Exception:  # no result backend, or it is down: assume not finished
+def _finished(task: SingletonTask, task_id: str, patience: float = 2.0) -> bool:
+    """Whether the result backend has (or within ``patience`` seconds gets) a final state for ``task_id``.
+
+    A run releases its lock just before its worker stores the result, so a
+    duplicate that acquired right after it gives the result a moment to land.
+    False when unknown: no result backend, results ignored, or the backend down.
+    """
+    if task.ignore_result or isinstance(task.backend, DisabledBackend):
         return False
+    result = AsyncResult(task_id, app=task.app, backend=task.backend)
+    deadline = time.monotonic() + patience
+    try:
+        while not result.ready():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+    except Exception:  # the backend is down: assume not finished
+        return False
+    return True
 
 
 def _running_task_id(client: Client, name: str, task: SingletonTask) -> str | None:

@@ -9,12 +9,11 @@ stopped for real; waits are polls with deadlines.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,9 +25,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_etcdlock import LockLost, Mutex, TaskLocked, connect
 from tests import taskapp
+from tests.procs import Proc
 from tests.servers import RedisServer
 
-REPO = Path(__file__).resolve().parent.parent
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 
 
@@ -46,58 +45,62 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
 class Worker:
     """A real ``celery worker`` process and what a test needs to observe it."""
 
-    def __init__(self, etcd_url: str, redis_url: str, log: Path) -> None:
+    def __init__(self, etcd_url: str, redis_url: str) -> None:
         self.etcd_url = etcd_url
         self.redis_url = redis_url
-        self.log = log
-        env = dict(os.environ, ETCDLOCK_TEST_ETCD_URL=etcd_url, ETCDLOCK_TEST_REDIS_URL=redis_url)
-        env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
-        command = [
-            sys.executable, "-m", "celery", "-A", "tests.taskapp", "worker",
-            "--pool=prefork", "--concurrency=2", "-O", "fair", "-l", "info",
-            "--without-mingle", "--without-gossip", "-n", f"taskworker-{uuid.uuid4().hex[:6]}@%h",
-        ]  # fmt: skip
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.proc = Proc.module(
+            "celery", "-A", "tests.taskapp", "worker", "--pool=prefork", "--concurrency=2", "-O", "fair",
+            "-l", "info", "--without-mingle", "--without-gossip", "-n", f"taskworker-{uuid.uuid4().hex[:6]}@%h",
+            env={"ETCDLOCK_TEST_ETCD_URL": etcd_url, "ETCDLOCK_TEST_REDIS_URL": redis_url},
+            name="celery-worker",
+        )  # fmt: skip
         try:
-            wait_for(lambda: " ready." in self.text() or self.process.poll() is not None, 90, "the worker to start")
-            if self.process.poll() is not None:
-                raise AssertionError(f"the worker exited at start:\n{self.text()[-3000:]}")
+            self.proc.expect(r" ready\.", timeout=90)
         except BaseException:
-            self.stop()
+            self.proc.kill()
             raise
         self.client = connect(etcd_url)
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.proc.output
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        self.proc.terminate(timeout=30)
+        self.client.close()
 
     def holders(self, name: str) -> list[dict[str, Any]]:
         return Mutex(self.client, name, ttl=5).holders()
 
 
 @pytest.fixture(scope="module")
-def worker(etcd_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def redis_for_workers() -> Iterator[str]:
+    """One Redis for the module: the test side's result backend keeps its connection across workers."""
     redis = RedisServer().start()
-    etcd_url = etcd_server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
-    taskapp.configure(etcd_url, redis.url())
-    started = Worker(etcd_url, redis.url(), tmp_path_factory.mktemp("worker") / "worker.log")
+    yield redis.url()
+    redis.close()
+
+
+@pytest.fixture(scope="module", params=["v2", "v3"])
+def worker(request: pytest.FixtureRequest, redis_for_workers: str) -> Iterator[Worker]:
+    """A prefork worker on the v2 API (etcd 3.4) or the v3 API (etcd 3.5)."""
+    api = request.param
+    module = {"v2": "celery_etcdlock.backends.etcd2", "v3": "celery_etcdlock.backends.etcd3"}[api]
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # an unfinished backend
+        pytest.skip(f"{api} backend not available: {exc}")
+    server = request.getfixturevalue("etcd_server" if api == "v2" else "etcd3_server")
+    etcd_url = server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
+    taskapp.configure(etcd_url, redis_for_workers)
+    started = Worker(etcd_url, redis_for_workers)
     try:
         yield started
     finally:
         started.stop()
-        started.client.close()
-        redis.close()
 
 
 @pytest.fixture
@@ -139,6 +142,18 @@ def test_base_class_task_is_a_singleton(worker: Worker, tag: str) -> None:
     values = results([taskapp.base_task.delay(tag, 1.5) for _ in range(3)])
     assert sorted(values, key=lambda v: v is None) == [1.5, None, None]
     assert len(events(tag, "start")) == 1
+
+
+def test_duplicate_delivery_of_a_running_task_does_not_run_twice(worker: Worker, tag: str) -> None:
+    # what a broker does after a visibility timeout: the same message (same task id) again
+    task_id = f"dup-{tag}"
+    first = taskapp.skip_task.apply_async((tag, 1.5), task_id=task_id)
+    started(tag)
+    taskapp.skip_task.apply_async((tag, 1.5), task_id=task_id)
+    assert first.get(timeout=RESULT_TIMEOUT) == 1.5
+    wait_for(lambda: "duplicate delivery" in worker.text(), 30, "the duplicate to be dropped")
+    assert len(events(tag, "start")) == 1
+    assert first.get(timeout=RESULT_TIMEOUT) == 1.5  # the duplicate stored nothing over the result
 
 
 def test_lock_value_records_task_and_worker_and_bound_task_sees_token(worker: Worker, tag: str) -> None:
@@ -288,14 +303,14 @@ def _etcd_connections(pid: int, port: int) -> int:
 def test_each_pool_child_has_its_own_client_and_the_parent_none(worker: Worker, tag: str) -> None:
     a, b = taskapp.process_info.delay(f"{tag}-a", 1.5), taskapp.process_info.delay(f"{tag}-b", 1.5)
     infos = [a.get(timeout=RESULT_TIMEOUT), b.get(timeout=RESULT_TIMEOUT)]
-    assert {i["ppid"] for i in infos} == {worker.process.pid}
+    assert {i["ppid"] for i in infos} == {worker.pid}
     assert infos[0]["pid"] != infos[1]["pid"]
     for info in infos:
         assert info["clients"] == 1  # one client per process, whatever the number of task calls
         (holder,) = info["holders"]
         assert holder["holder"].endswith(f":{info['pid']}")
     port = int(worker.etcd_url.split("//")[1].split("?")[0].rsplit(":", 1)[1])
-    assert _etcd_connections(worker.process.pid, port) == 0
+    assert _etcd_connections(worker.pid, port) == 0
 
 
 def test_sigkilled_worker_frees_the_lock_within_ttl(worker: Worker, tag: str) -> None:
