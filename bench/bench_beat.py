@@ -1,8 +1,8 @@
 """Benchmark of LeaderScheduler: fail-over time, and the etcd load of an idle follower.
 
-    /tmp/venv/bin/python bench/bench_beat.py [--rounds 3] [--idle 30]
+    /tmp/venv/bin/python bench/bench_beat.py [--rounds 3] [--idle 30] [--api v2|v3]
 
-Real processes throughout: a fresh etcd (3.4, v2 API) and Redis, and
+Real processes throughout: a fresh etcd (3.4 with the v2 API, or 3.5 with v3) and Redis, and
 ``celery -A tests.beatapp beat`` processes (2 per round) with an entry every
 second.
 
@@ -176,11 +176,12 @@ def idle_follower(etcd: EtcdServer, redis: RedisServer, ttl: float, seconds: flo
     env = base_env(redis, ttl)
     leader_proxy = CountingProxy(("127.0.0.1", etcd.client_port))
     follower_proxy = CountingProxy(("127.0.0.1", etcd.client_port))
-    leader = Beat(env, f"etcd://127.0.0.1:{leader_proxy.port}")
+    scheme = "etcd" if etcd.api == "v2" else "etcd3"
+    leader = Beat(env, f"{scheme}://127.0.0.1:{leader_proxy.port}")
     follower = None
     try:
         wait_for(lambda: leader.leading_since(), 60, "the leader")
-        follower = Beat(env, f"etcd://127.0.0.1:{follower_proxy.port}")
+        follower = Beat(env, f"{scheme}://127.0.0.1:{follower_proxy.port}")
         wait_for(lambda: any("the leader of beat/" in line for _, line in follower.lines), 60, "the follower")
         time.sleep(1.0)  # let start-up requests pass
         lead0, follow0 = leader_proxy.requests, follower_proxy.requests
@@ -199,9 +200,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="fail-overs measured per case")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle-follower traffic counted")
     parser.add_argument("--ttls", default="10,3", help="beat ttls to measure, comma-separated")
+    parser.add_argument("--api", default="v2", choices=["v2", "v3"], help="v2 on etcd 3.4, v3 on etcd 3.5")
     args = parser.parse_args()
-    with EtcdServer() as etcd, RedisServer() as redis:
-        print(f"etcd {etcd.version} (v2 API), {os.cpu_count()} cores; {args.rounds} rounds per case")
+    server = EtcdServer("3.4", enable_v2=True) if args.api == "v2" else EtcdServer("3.5", enable_v2=False)
+    with server as etcd, RedisServer() as redis:
+        print(f"etcd {etcd.version} ({args.api} API), {os.cpu_count()} cores; {args.rounds} rounds per case")
         print(f"{'case':<24}{'min':>8}{'median':>8}{'max':>8}   target")
         for ttl in [float(t) for t in args.ttls.split(",")]:
             for name, sig, target in (("SIGKILL", signal.SIGKILL, f"<= {ttl + 1:g} s"),

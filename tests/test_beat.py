@@ -280,6 +280,31 @@ def test_schedule_changes_apply_when_a_leader_takes_over(etcd_url, redis_url, sc
     assert new.schedule["a"].schedule.run_every == timedelta(seconds=60)
 
 
+def test_interval_crontab_and_solar_entries_keep_their_state(etcd_url, redis_url, schedulers):
+    pytest.importorskip("ephem", reason="solar schedules need ephem (celery[solar])")
+    from celery.schedules import crontab, solar
+
+    schedule = {
+        "interval": {"task": "t", "schedule": timedelta(minutes=5), "args": (1, "x"), "kwargs": {"k": [1]},
+                     "options": {"expires": 60}},
+        "cron": {"task": "t", "schedule": crontab(minute="*/15")},
+        "solar": {"task": "t", "schedule": solar("sunset", 48.85, 2.35)},
+    }
+    app = make_app(etcd_url, redis_url, schedule)
+    a = scheduler_for(schedulers, app, etcd_url, "a:1")
+    tick_until(a, lambda: a.is_leader, 20, "a to lead")
+    stored = state(app, a._client())["entries"]
+    assert set(stored) == {"interval", "cron", "solar"}
+    a.close()
+    b = scheduler_for(schedulers, app, etcd_url, "b:2")
+    tick_until(b, lambda: b.is_leader, 20, "b to lead")
+    for name, entry in b.schedule.items():
+        assert entry.last_run_at == a.schedule[name].last_run_at, name  # adopted, not restarted
+        assert entry.is_due()[0] is False, name
+    assert b.schedule["interval"].args == (1, "x") and b.schedule["interval"].kwargs == {"k": [1]}
+    assert b.schedule["interval"].options == {"expires": 60}
+
+
 def test_unusable_stored_state_is_ignored_not_fatal(etcd_url, redis_url, schedulers):
     url = etcd_url
     app = make_app(url, redis_url, {"a": {"task": "t", "schedule": 60.0}, "b": {"task": "t", "schedule": 60.0}})
