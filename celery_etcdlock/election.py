@@ -74,6 +74,8 @@ class Election:
         self._stopping = threading.Event()
         self._wake = threading.Event()  # set when this leader is deposed, resigns or is asked to stop
         self._resigned = False
+        self._emitting = threading.Lock()
+        self._leading = False  # "elected" was emitted and no "deposed" since
         self._threads: list[threading.Thread] = []
 
     # -- synchronous interface ------------------------------------------------
@@ -110,6 +112,8 @@ class Election:
         After ``start()``, the node then campaigns again, at the back of the queue.
         """
         self._resigned = True
+        with self._emitting:
+            self._leading = False  # resigning is not being deposed: no event
         self._wake.set()
         self._lock.cancel()
         with contextlib.suppress(NotHeld):
@@ -147,8 +151,15 @@ class Election:
         self._events.put(_END)
 
     def _emit(self, kind: str, leader: str | None) -> None:
-        if not self._stopping.is_set():
-            self._events.put(LeaderEvent(kind, leader))
+        with self._emitting:
+            if kind == ELECTED:
+                self._leading = True
+            elif kind == DEPOSED:
+                if not self._leading:
+                    return  # already said, by whichever thread noticed first
+                self._leading = False
+            if not self._stopping.is_set():
+                self._events.put(LeaderEvent(kind, leader))
 
     def _campaign_loop(self) -> None:
         while not self._stopping.is_set():
@@ -170,7 +181,7 @@ class Election:
                 self._resigned = False
                 continue
             logger.warning("election %s: %s deposed; campaigning again", self.name, self.identity)
-            self._emit(DEPOSED, None)
+            self._emit(DEPOSED, None)  # unless _deposed or the observer said it first
 
     def _observe_loop(self) -> None:
         """Follow the queue's first entry with a watch, to report who leads."""
@@ -186,6 +197,8 @@ class Election:
                 head = snapshot.entries[0] if snapshot.entries else None
                 leader = _identity(head) if head is not None else None
                 if leader != known and leader != self.identity:
+                    if not self._lock.held:
+                        self._emit(DEPOSED, None)  # a deposed leader hears of it before hearing who follows
                     self._emit(CHANGED, leader)
                 known = leader
                 if head is None:
@@ -202,6 +215,8 @@ class Election:
                 self._stopping.wait(min(1.0, self.ttl / 3))
 
     def _deposed(self, _lock: QueueLock) -> None:
+        if not self._resigned:
+            self._emit(DEPOSED, None)
         self._wake.set()
 
     def __repr__(self) -> str:

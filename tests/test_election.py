@@ -132,5 +132,8 @@ def test_leader_whose_key_is_deleted_is_deposed_at_once(client):
         for entry in entries:
             client.backend.delete_entry(entry)  # what `celery etcdlock release` does to a stuck leader
     assert next(events) == LeaderEvent("deposed", None)
-    assert next(events) == LeaderEvent("elected", "a")  # a candidate again, without a restart
+    following = next(events)
+    if following == LeaderEvent("changed", None):  # the observer may see the empty queue in between
+        following = next(events)
+    assert following == LeaderEvent("elected", "a")  # a candidate again, without a restart
     a.stop()

@@ -526,6 +526,47 @@ class Etcd3Backend(Backend):
 
         return self._retrying(f"create entry in {queue}", create)
 
+    def join_queue(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry, Snapshot]:
+        """One transaction: create my key and read the whole queue, which already includes it."""
+        lease = self._own(lease)
+        if lease.expired:
+            raise LeaseExpired(f"lease {lease.id} has expired")
+        key = f"{queue}/{lease.id}.{secrets.token_hex(8)}"
+        raw = encode_json(value)
+        full = _b64(self._full(key))
+        queue_prefix = self._full(queue) + "/"
+        read_queue = {
+            "request_range": {
+                "key": _b64(queue_prefix),
+                "range_end": _range_end(queue_prefix),
+                "sort_order": "ASCEND",
+                "sort_target": "CREATE",
+            }
+        }
+
+        def join() -> tuple[Entry, Snapshot]:
+            try:
+                answer = self._txn(
+                    [{"key": full, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                    [{"request_put": {"key": full, "value": _b64(raw), "lease": str(lease.lease_id)}}, read_queue],
+                    [read_queue],
+                )
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND and "lease not found" in str(exc):
+                    lease.expired = True
+                    raise LeaseExpired(f"lease {lease.id} has expired") from None
+                raise
+            revision = int(answer["header"]["revision"])
+            kvs = answer["responses"][-1]["response_range"].get("kvs", [])
+            snapshot = Snapshot([self._entry(kv) for kv in kvs], revision)
+            mine = next((e for e in snapshot.entries if e.key == key), None)
+            # a retry whose first attempt was applied finds the unique key there with our value
+            if mine is None or mine.raw != raw:
+                raise _Failure(None, f"{key} was not created")
+            return mine, snapshot
+
+        return self._retrying(f"join queue {queue}", join)
+
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
         # v3 ranges are linearizable unless asked to be serializable: every read is fresh
 
