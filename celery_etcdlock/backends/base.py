@@ -70,7 +70,7 @@ class Record:
     key: str
     value: dict[str, Any]
     version: int  # modifiedIndex (v2) / mod_revision (v3)
-    ttl: float | None = None  # seconds left, for keys that expire
+    ttl: float | None = None  # seconds left, for keys that expire (v3: one more request to ask the lease)
 
 
 class WaitResult(enum.Enum):
@@ -131,8 +131,11 @@ class Backend(abc.ABC):
         """Renew ``lease`` and the ``entries`` it carries, within ``timeout`` seconds.
 
         Returns the keys of the entries found gone (all of them if the
-        lease itself is gone). Raises ``BackendUnavailable`` if the renewal
-        could not be made; the caller keeps its own deadline.
+        lease itself is gone; v3 also lists the lease's keys, so that an
+        entry deleted behind its holder's back is reported). Makes a single
+        attempt: raises ``retry.Transient`` for a retryable failure (the
+        session's renewal policy retries, within its deadline) and
+        ``BackendError`` otherwise.
         """
 
     @abc.abstractmethod
