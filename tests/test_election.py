@@ -62,8 +62,13 @@ def candidates(url, n, ttl, **extra):
 
 
 def leader_of(procs):
-    leading = [p for p in procs if p.lines and any("EVENT elected" in line for line in p.lines)]
-    return leading
+    """The candidates whose latest own event says they lead (elected, and not deposed since)."""
+    return [p for p in procs if _latest_own_event(p) == "elected"]
+
+
+def _latest_own_event(proc) -> str | None:
+    own = [line.split()[1] for line in list(proc.lines) if line.startswith(("EVENT elected", "EVENT deposed"))]
+    return own[-1] if own else None
 
 
 def test_exactly_one_leader_among_three_and_all_agree(etcd_url, client):
@@ -88,7 +93,7 @@ def test_killed_leader_is_replaced_within_ttl(etcd_url, client):
         rest = [p for p in procs if p is not old]
         wait_until(lambda: len(leader_of(rest)) == 1, ttl + 10)
         (new,) = leader_of(rest)
-        elected = next(line for line in new.lines if "EVENT elected" in line)
+        elected = [line for line in new.lines if "EVENT elected" in line][-1]
         assert walls(elected) - killed_at <= ttl + 1
 
 
