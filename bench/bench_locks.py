@@ -613,8 +613,8 @@ class Settings:
     uncontended_iterations: int = 300
     uncontended_warmup: int = 20
     contention_procs: list[int] = field(default_factory=lambda: [2, 8, 32])
-    contention_seconds: float = 3.0
-    contention_rounds: int = 2
+    contention_seconds: float = 2.0
+    contention_rounds: int = 3
     contention_ttl: float = 10.0
     killed_trials: int = 2
     failover_ttl: float = 3.0
@@ -709,6 +709,8 @@ class Bench:
         pool, n = self.pool, len(kwargs_list)
         pool.grow(n)
         pool.reset_shared()
+        if server == "v3" and self.servers.v3 is not None:
+            self.servers.v3.revoke_all_leases()
         for i, kwargs in enumerate(kwargs_list):
             pool[i].run(target, **kwargs)
         broken: dict[int, str] = {}

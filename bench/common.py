@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -98,6 +99,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 def _http_get(url: str, timeout: float = 5.0) -> str:
     # urllib, not urllib3: the scrapes must not show up in the client-side request counts
     with urlrequest.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        return str(response.read().decode())
+
+
+def _http_post(url: str, body: dict[str, Any], timeout: float = 10.0) -> str:
+    data = json.dumps(body).encode()
+    request = urlrequest.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urlrequest.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback only
         return str(response.read().decode())
 
 
@@ -208,6 +216,17 @@ class EtcdServer:
 
     def metrics(self) -> Metrics:
         return Metrics(_http_get(self.url + "/metrics"))
+
+    def revoke_all_leases(self) -> int:
+        """v3: revoke every lease left by earlier runs (tooz leaks one per failed lock attempt);
+        their expiry would otherwise add revoke proposals and load to the next run. Returns how many."""
+        if self.api != "v3":
+            return 0
+        leases = json.loads(_http_post(self.url + "/v3/lease/leases", {})).get("leases") or []
+        for lease in leases:
+            with contextlib.suppress(OSError):
+                _http_post(self.url + "/v3/lease/revoke", {"ID": lease["ID"]})
+        return len(leases)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
