@@ -179,6 +179,8 @@ class SingletonTask(celery.Task):
         if lock.acquire(blocking=False):
             return True
         holders = _holders(lock)
+        if not holders and lock.acquire(blocking=False):  # released between the two reads
+            return True
         if task_id and any(h.get("data", {}).get("task_id") == task_id for h in holders):
             return self._acquire_after_own_attempt(lock, name, task_id, hostname)
         holder = _describe(holders)
