@@ -310,7 +310,6 @@ def test_wait_runs_once_the_holder_releases(etcd: Any) -> None:
     releaser.join()
 
 
-@pytest.mark.parametrize("api", ["v2"])  # a v3 holder learns of a deleted key only when its lease ends
 def test_lock_lost_mid_run_is_reported_and_next_run_not_blocked(etcd: Any, caplog: Any) -> None:
     with pytest.raises(LockLost, match="lost its lock"):
         fragile(1)
