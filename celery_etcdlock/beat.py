@@ -93,8 +93,8 @@ TAKE_OVER_ATTEMPTS = 5
 
 def beat_name(app: Any) -> str:
     """The name of the election and of the state document of ``app``'s beat."""
-    name = app.conf.get("etcdlock_beat_name") or app.main or "celery"
-    if not isinstance(name, str) or not name:
+    name = Settings.from_app(app).beat_name
+    if not name:
         raise ValueError(f"etcdlock_beat_name must be a non-empty string, not {name!r}")
     return name
 

@@ -206,7 +206,7 @@ class Election:
                     self._stopping.wait(min(1.0, self.ttl / 3))
                     continue
                 while not self._stopping.is_set():
-                    result = backend.wait_gone(head, snapshot.revision, timeout=max(1.0, self.ttl))
+                    result = backend.wait_gone(head, snapshot.revision, timeout=max(5.0, 2 * self.ttl))
                     if result is not WaitResult.TIMEOUT:
                         break
             except EtcdLockError as exc:

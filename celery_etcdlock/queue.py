@@ -249,8 +249,9 @@ class QueueLock:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._cancelled.is_set():
                 return False
-            # bounded so that a cancelled or lost request notices within about a TTL
-            result = self._backend.wait_gone(blocker, revision, timeout=min(remaining, max(1.0, self.ttl)))
+            # deletions and expiries arrive as events: the bound is only a safety net against a silent
+            # connection, and lets a request that was cancelled or lost go without waiting for its blocker
+            result = self._backend.wait_gone(blocker, revision, timeout=min(remaining, max(5.0, 2 * self.ttl)))
             if result is WaitResult.STALE:
                 logger.debug(
                     "lock %s: %s cannot watch from index %d any more; reading again", self.name, self.holder, revision

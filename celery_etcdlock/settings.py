@@ -10,6 +10,7 @@
 | ``etcdlock_ttl``           | ``30`` (seconds)        |
 | ``etcdlock_beat_ttl``      | ``10`` (seconds)        |
 | ``etcdlock_retry_max_delay`` | ``30`` (seconds)      |
+| ``etcdlock_beat_name``     | the app's main name     |
 
 The client is shared by every task and the beat scheduler of the process; it
 rebuilds its connections and sessions by itself in a forked child.
@@ -31,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "etcdlock_ttl": 30,
     "etcdlock_beat_ttl": 10,
     "etcdlock_retry_max_delay": DEFAULT_RETRY_MAX_DELAY,
+    "etcdlock_beat_name": None,  # the app's main name, else "celery"
 }
 
 
@@ -41,6 +43,7 @@ class Settings:
     ttl: float
     beat_ttl: float
     retry_max_delay: float
+    beat_name: str
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
@@ -56,6 +59,7 @@ class Settings:
             ttl=check_ttl(get("etcdlock_ttl"), "etcdlock_ttl"),
             beat_ttl=check_ttl(get("etcdlock_beat_ttl"), "etcdlock_beat_ttl"),
             retry_max_delay=float(get("etcdlock_retry_max_delay")),
+            beat_name=str(get("etcdlock_beat_name") or app.main or "celery"),
         )
 
 
