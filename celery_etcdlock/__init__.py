@@ -23,7 +23,7 @@ from .errors import (
 )
 from .mutex import Mutex
 from .rwlock import RWLock
-from .tasks import SingletonTask, rwlock_task, singleton_task
+from .tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ __all__ = [
     "LeaderEvent",
     "Mutex",
     "RWLock",
+    "RWLockTask",
     "SingletonTask",
     "EtcdLockError",
     "LockLost",
