@@ -171,6 +171,9 @@ class Etcd3Backend(Backend):
         if client is None:
             host, port = self.options.endpoints[index]
             session = requests.Session()
+            # no proxies, netrc or CA bundle from the environment: the URL says where etcd is and whom to
+            # trust; and looking them up again on every request costs more than the request itself
+            session.trust_env = False
             adapter = HTTPAdapter(pool_connections=1, pool_maxsize=32)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
