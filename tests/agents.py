@@ -120,7 +120,7 @@ if __name__ == "__main__":
     {"counter": counter, "hold": hold, "acquire": acquire, "churn": churn, "elect": elect}[role](payload)
 
 
-# -- for the tests: start a role, wait for conditions ---------------------------------
+# -- for the tests: start a role, read its lines ---------------------------------------
 
 
 def agent(role: str, **args: Any) -> Any:
@@ -128,15 +128,6 @@ def agent(role: str, **args: Any) -> Any:
     from tests.procs import Proc
 
     return Proc.module("tests.agents", role, json.dumps(args), name=f"agent-{role}")
-
-
-def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> None:
-    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(interval)
 
 
 def walls(line: str) -> float:

@@ -89,15 +89,19 @@ def free_port() -> int:
     raise ServerError("could not find a free loopback port")
 
 
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``predicate()`` until it returns something truthy, or fail after ``timeout`` seconds."""
+class TimedOut(ServerError, AssertionError):
+    """A poll-with-deadline ran out: in a test, a failed assertion."""
+
+
+def wait_until(predicate: Any, timeout: float, what: str = "", interval: float = 0.02) -> Any:
+    """Poll ``predicate()`` until it returns something truthy (and return that), or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
         if result:
             return result
         if time.monotonic() >= deadline:
-            raise ServerError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise TimedOut(f"timed out after {timeout:g}s waiting for {what or predicate}")
         time.sleep(interval)
 
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from celery_etcdlock import Election, LeaderEvent
-from tests.agents import agent, wait_until, walls
+from tests.agents import agent, walls
+from tests.servers import wait_until
 
 
 def test_campaign_resign_and_leader(client):

@@ -13,7 +13,8 @@ import pytest
 from celery_etcdlock import LockLost, Mutex, NotHeld, connect
 from celery_etcdlock.backends.base import WaitResult
 from celery_etcdlock.keys import LOCKS, encode_name
-from tests.agents import agent, wait_until, walls
+from tests.agents import agent, walls
+from tests.servers import wait_until
 
 
 def test_acquire_release_and_token(client):

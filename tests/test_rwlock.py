@@ -8,7 +8,8 @@ import pytest
 
 from celery_etcdlock import Mutex, RWLock
 from celery_etcdlock.keys import LOCKS
-from tests.agents import agent, wait_until
+from tests.agents import agent
+from tests.servers import wait_until
 
 
 def queued(client) -> int:
