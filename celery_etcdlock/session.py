@@ -36,7 +36,7 @@ from typing import Any
 from celery.utils.log import get_logger
 
 from . import retry
-from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot
+from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
 from .errors import BackendError
 
 logger = get_logger(__name__)
@@ -88,7 +88,8 @@ class Session:
     def __init__(self, backend: Backend, ttl: float, retry_max_delay: float) -> None:
         self.backend = backend
         self.ttl = ttl
-        self.margin = safety_margin(ttl)
+        self.server_ttl = server_ttl(ttl)  # what etcd is asked for: the clock below runs on it
+        self.margin = safety_margin(self.server_ttl)
         self.retry_max_delay = retry_max_delay
         self._mutex = threading.Lock()
         self._lease: Lease | None = None
@@ -125,7 +126,7 @@ class Session:
                 claim = Claim(self, queue, entry, on_lost)
                 self._claims[entry.key] = claim
                 # an idle session was not being renewed: resume ttl/3 after the last renewal
-                self.next_renewal = min(self.next_renewal, self.deadline + self.margin - self.ttl * 2 / 3)
+                self.next_renewal = min(self.next_renewal, self.deadline + self.margin - self.server_ttl * 2 / 3)
             _renewer().schedule(self)
             return claim, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
@@ -173,7 +174,9 @@ class Session:
             gone = retry.run(
                 retry.renewal_policy(deadline, f"renewal of {len(claims)} entries (lease {lease.id})"),
                 lambda: self.backend.keep_alive(
-                    lease, [c.entry for c in claims], timeout=max(0.05, min(deadline - time.monotonic(), self.ttl / 3))
+                    lease,
+                    [c.entry for c in claims],
+                    timeout=max(0.05, min(deadline - time.monotonic(), self.server_ttl / 3)),
                 ),
                 self.backend.endpoints,
             )
@@ -184,7 +187,7 @@ class Session:
                     lost = self._expire(f"renewal failed until its deadline: {exc}")
                 else:
                     logger.warning("renewal of lease %s failed (%s); trying again", lease.id, exc)
-                    self.next_renewal = time.monotonic() + min(0.5, self.ttl / 10)
+                    self.next_renewal = time.monotonic() + min(0.5, self.server_ttl / 10)
             _notify(lost)
             return
         with self._mutex:
@@ -258,8 +261,8 @@ class Session:
             return self._lease
 
     def _restart_clock(self, sent: float) -> None:
-        self.deadline = sent + self.ttl - self.margin
-        self.next_renewal = sent + self.ttl / 3
+        self.deadline = sent + self.server_ttl - self.margin
+        self.next_renewal = sent + self.server_ttl / 3
 
     def _expire(self, reason: str) -> list[Claim]:
         """Every claim is lost; the next join starts a new lease. Returns the claims to notify."""

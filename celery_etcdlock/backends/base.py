@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,18 @@ class Lease(abc.ABC):
     @abc.abstractmethod
     def id(self) -> str:
         """A short printable id, for logs."""
+
+
+EXPIRY_LAG = 0.5  # etcd removes expired keys (v2) and leases (v3) in a loop that runs twice a second
+
+
+def server_ttl(ttl: float) -> int:
+    """The TTL to ask etcd for (whole seconds) so that a dead holder's entry is gone within ``ttl``.
+
+    etcd's expiry loop lets an entry outlive its TTL by up to ``EXPIRY_LAG``. A session's
+    deadline and renewals are reckoned from this number, not from ``ttl``.
+    """
+    return max(1, math.floor(ttl - EXPIRY_LAG))
 
 
 def encode_json(value: dict[str, Any]) -> str:

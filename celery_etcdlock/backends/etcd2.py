@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import threading
 import uuid
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from celery.utils.log import get_logger
 
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
-from .base import Backend, Entry, Lease, Record, Snapshot, WaitResult, decode_json, encode_json
+from .base import Backend, Entry, Lease, Record, Snapshot, WaitResult, decode_json, encode_json, server_ttl
 
 logger = get_logger(__name__)
 T = TypeVar("T")
@@ -171,10 +170,6 @@ class Etcd2Backend(Backend):
         except _Failure as exc:
             raise BackendError(f"etcd {operation} failed: {exc}") from None
 
-    @staticmethod
-    def _server_ttl(ttl: float) -> int:
-        return max(1, math.ceil(ttl))  # v2 TTLs are whole seconds; rounding up never expires early
-
     # -- leases -------------------------------------------------------------
 
     @property
@@ -192,7 +187,7 @@ class Etcd2Backend(Backend):
                     "PUT",
                     entry.key,
                     {
-                        "ttl": self._server_ttl(lease.ttl),
+                        "ttl": server_ttl(lease.ttl),
                         "refresh": "true",
                         "prevExist": "true",
                         "prevValue": entry.raw,
@@ -224,7 +219,7 @@ class Etcd2Backend(Backend):
                 for entry in self.read_queue(queue, fresh=True).entries:
                     if entry.raw == raw:
                         return entry
-            body, _ = self._request("POST", queue, {"value": raw, "ttl": self._server_ttl(lease.ttl)})
+            body, _ = self._request("POST", queue, {"value": raw, "ttl": server_ttl(lease.ttl)})
             node = body["node"]
             return Entry(self._relative(node["key"]), int(node["createdIndex"]), value, raw)
 
@@ -346,7 +341,7 @@ class Etcd2Backend(Backend):
         # v2 cannot compare the fence key in the same write: callers make the record its own fence
         params: dict[str, Any] = {"value": encode_json(value)}
         if ttl is not None:
-            params["ttl"] = self._server_ttl(ttl)
+            params["ttl"] = server_ttl(ttl)
         if expect is None:
             params["prevExist"] = "false"
         else:
