@@ -1,0 +1,523 @@
+"""HTTP transport to etcd's v3 JSON gateway (grpc-gateway), for the v3 backend.
+
+The gateway takes each gRPC request as a JSON ``POST`` to ``<api path><method>``
+(``/v3/kv/range``, ``/v3/lease/grant``...), with keys and values base64-encoded
+(``b64`` / ``unb64``). This module sends those requests, and the v3 backend
+(``etcd3.py``) decides what to send:
+
+    gateway = Gateway(parse_url("etcd3://127.0.0.1:2379"))       # no network I/O yet
+    answer = gateway.post("kv/range", {"key": b64("/etcdlock/x")})
+    with closing(gateway.watch({"key": b64("/etcdlock/x")}, deadline, "x").events()) as events:
+        for event in events: ...
+
+What it takes care of:
+
+- one ``requests`` session per endpoint, with the URL's TLS settings and
+  nothing from the environment (no proxies, netrc or CA bundle);
+- the API path: ``/v3/`` until a server answers otherwise, then
+  ``GET /version`` decides (etcd 3.3 serves ``/v3beta/``, 3.0-3.2 ``/v3alpha/``);
+- auth: the gateway's token (``POST auth/authenticate``), sent with every
+  request and fetched again when the server rejects it;
+- what an answer means: success, a plain answer (``Failure``: a missing
+  lease, a bad request), ``retry.Transient`` (no leader, a timeout, a 5xx, a
+  refused connection), ``AuthenticationFailed``, or ``UnsupportedServer``
+  with what the server is instead (redis, plain HTTP, TLS on the wrong port);
+- fail-over: a connection failure or an unavailable member moves to the next
+  endpoint; the backend's retry policy then sends again;
+- watches, read line by line from the streaming answer with a deadline on
+  every read, so that a watch the server cancels or compacts never hangs.
+
+etcd3gw's client is not used: its helpers cannot carry an auth token or a
+per-request timeout, hide the gRPC error code, discover the API path with an
+extra request in the middle of an operation, and its watch hangs for ever on
+a cancelled or compacted watch; all that was left of it was a URL and a
+session.
+
+Nothing here waits and retries: that is the backend's retry policy. Only a
+``post`` whose token was rejected, or that found the API path, is sent again
+at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import requests
+from celery.utils.log import get_logger
+from requests.adapters import HTTPAdapter
+
+from .. import retry
+from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
+
+if TYPE_CHECKING:
+    from ..connect import ConnectionOptions
+
+logger = get_logger(__name__)
+
+# gRPC status codes, as the gateway reports them in {"code": N, "message": ...}
+CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND = 1, 3, 4, 5
+PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 7, 8, 9
+ABORTED, UNAVAILABLE, UNAUTHENTICATED = 10, 14, 16
+_TRANSIENT_CODES = frozenset({CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, UNAVAILABLE})
+_TRANSIENT_MESSAGES = ("leader changed", "no leader", "too many requests", "timed out", "not capable")
+
+_API_PATHS = ((3, 4, "/v3/"), (3, 3, "/v3beta/"), (3, 0, "/v3alpha/"))  # etcd version -> gateway path
+
+
+class Failure(Exception):
+    """An answer from etcd that is not success (not transient, not about auth): code and message."""
+
+    def __init__(self, code: int | None, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WatchCancelled(Exception):
+    """The server ended a watch (cancelled it, or compacted its start revision): read again."""
+
+
+class _TokenRejected(Exception):
+    """The auth token was refused (expired, or the server restarted): authenticate again."""
+
+
+class _ApiPathChanged(Exception):
+    """``GET /version`` found an older gateway path: send the request again."""
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def unb64(text: str) -> str:
+    return base64.b64decode(text).decode("utf-8", errors="replace")
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key that starts with ``prefix``, base64-encoded (a ``range_end``)."""
+    raw = bytearray(prefix.encode("utf-8"))
+    while raw and raw[-1] == 0xFF:
+        raw.pop()
+    if not raw:
+        return base64.b64encode(b"\0").decode("ascii")  # no upper bound
+    raw[-1] += 1
+    return base64.b64encode(bytes(raw)).decode("ascii")
+
+
+class Gateway:
+    """The v3 JSON gateway of a cluster's endpoints. Thread-safe; no I/O before the first request."""
+
+    def __init__(self, options: ConnectionOptions) -> None:
+        self.options = options
+        self.endpoints = options.endpoint_urls
+        self.current = 0  # the endpoint requests go to
+        self._local = threading.Lock()
+        self._sessions: list[requests.Session | None] = [None] * len(self.endpoints)
+        self._api_paths = ["/v3/"] * len(self.endpoints)
+        self._answered = [False] * len(self.endpoints)  # has it ever answered like an etcd gateway?
+        self._auth_lock = threading.Lock()
+        self._token: str | None = None
+        self._auth_enabled = options.username is not None
+
+    # -- requests -----------------------------------------------------------
+
+    def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """One gateway request to the current endpoint, authenticated; the decoded answer."""
+        for attempt in range(3):
+            index, session = self._pick()
+            token = None
+            try:
+                token = self._auth_token(index)
+                return self._send(index, session, path, body, token, timeout)
+            except _ApiPathChanged:
+                continue
+            except _TokenRejected:
+                if attempt > 0 or not self._auth_enabled:
+                    message = self._auth_message(index, "had its auth token rejected twice in a row")
+                    raise AuthenticationFailed(message) from None
+                self._drop_token(token)
+        raise BackendError(f"etcd at {self.endpoints[index]} kept changing its API path")
+
+    def watch(self, create_request: dict[str, Any], deadline: float, what: str) -> Watch:
+        """A watch (``create_request`` of ``POST watch``) until ``deadline`` (monotonic); ``what`` names it."""
+        return Watch(self, create_request, deadline, what)
+
+    def _send(
+        self,
+        index: int,
+        session: requests.Session,
+        path: str,
+        body: dict[str, Any],
+        token: str | None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Authorization": token} if token else None
+        try:
+            response = session.post(
+                self._url(index, path), json=body, headers=headers, timeout=timeout or self.options.timeout
+            )
+        except requests.RequestException as exc:
+            raise self._connection_failure(index, exc) from None
+        return self._decode(index, path, response)
+
+    def _stream(
+        self, index: int, session: requests.Session, body: dict[str, Any], deadline: float, token: str | None
+    ) -> Generator[dict[str, Any], None, None]:
+        """``POST watch`` on one streaming request: each result until ``deadline``, then it ends.
+
+        The gateway streams newline-delimited JSON messages. Each read waits
+        at most until the deadline (the socket's timeout is set before each
+        read), so a watch the server cancels, compacts or forgets never hangs.
+        """
+        endpoint = self.endpoints[index]
+        headers = {"Authorization": token} if token else None
+        try:
+            response = session.post(
+                self._url(index, "watch"), json=body, headers=headers, stream=True, timeout=self.options.timeout
+            )
+        except requests.RequestException as exc:
+            raise self._connection_failure(index, exc) from None
+        try:
+            if response.status_code != 200:
+                self._decode(index, "watch", response)  # raises what the answer means
+                raise Failure(None, f"{endpoint}: watch answered HTTP {response.status_code}")
+            for message in _messages(response, _socket_of(response), deadline):
+                error = message.get("error")
+                if isinstance(error, dict):
+                    code = int(error.get("grpc_code") or error.get("code") or 2)
+                    meaning = self.grpc_error(index, code, str(error.get("message")))
+                    raise WatchCancelled(str(meaning)) if isinstance(meaning, Failure) else meaning
+                result = message.get("result", {})
+                if int(result.get("compact_revision", 0)):
+                    raise WatchCancelled(f"revision compacted at {result['compact_revision']}")
+                if result.get("canceled"):
+                    reason = str(result.get("cancel_reason", ""))
+                    if "permission denied" in reason.lower() or "auth" in reason.lower():
+                        raise _TokenRejected(reason)  # an expired token shows up as a denial here
+                    raise WatchCancelled(f"cancelled: {reason or 'no reason given'}")
+                yield result
+            if time.monotonic() < deadline:
+                raise retry.Transient(endpoint, "the watch stream ended")
+        except (requests.RequestException, OSError, ValueError) as exc:
+            if time.monotonic() < deadline - 0.001:
+                self._rotate(index)
+                raise retry.Transient(endpoint, f"watch failed: {exc}") from None
+        finally:
+            response.close()
+
+    def _url(self, index: int, path: str) -> str:
+        return self.endpoints[index] + self._api_paths[index] + path
+
+    # -- endpoints ----------------------------------------------------------
+
+    def _session(self, index: int) -> requests.Session:
+        session = self._sessions[index]
+        if session is None:
+            session = requests.Session()
+            # no proxies, netrc or CA bundle from the environment: the URL says where etcd is and whom to
+            # trust; and looking them up again on every request costs more than the request itself
+            session.trust_env = False
+            adapter = HTTPAdapter(pool_connections=1, pool_maxsize=32)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+            if self.options.tls:
+                session.verify = self.options.ca or True
+                if self.options.cert:
+                    session.cert = (self.options.cert, self.options.key) if self.options.key else self.options.cert
+            self._sessions[index] = session
+        return session
+
+    def _pick(self) -> tuple[int, requests.Session]:
+        with self._local:
+            index = self.current
+            return index, self._session(index)
+
+    def _rotate(self, failed: int) -> None:
+        with self._local:
+            if self.current == failed and len(self.endpoints) > 1:
+                self.current = (failed + 1) % len(self.endpoints)
+                logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self.current])
+
+    # -- what an answer means -----------------------------------------------
+
+    def _decode(self, index: int, path: str, response: requests.Response) -> dict[str, Any]:
+        endpoint = self.endpoints[index]
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            answer = None
+        if response.status_code == 200 and answer is not None:
+            self._answered[index] = True
+            return answer
+        if answer is not None and isinstance(answer.get("code"), int):
+            self._answered[index] = True
+            raise self.grpc_error(index, answer["code"], str(answer.get("message") or answer.get("error") or ""))
+        if response.status_code >= 500:
+            raise retry.Transient(endpoint, f"HTTP {response.status_code} {response.text[:200]!r}")
+        raise self._not_a_gateway(index, f"POST {self._api_paths[index]}{path}", response)
+
+    def grpc_error(self, index: int, code: int, message: str) -> Exception:
+        """The exception a gRPC error from endpoint ``index`` means (returned, not raised)."""
+        endpoint = self.endpoints[index]
+        lowered = message.lower()
+        if code == UNAUTHENTICATED or "invalid auth token" in lowered:
+            return _TokenRejected(message)
+        if code in _TRANSIENT_CODES or any(m in lowered for m in _TRANSIENT_MESSAGES):
+            if code == UNAVAILABLE:
+                self._rotate(index)  # a member without a leader, or shutting down: another may serve
+            return retry.Transient(endpoint, message)
+        if code == PERMISSION_DENIED:
+            return AuthenticationFailed(self._auth_message(index, f"lacks permission ({message})"))
+        if "user name is empty" in lowered:
+            if self.options.username is not None:
+                self._auth_enabled = True  # auth was turned on after we found it off
+                return _TokenRejected(message)
+            return AuthenticationFailed(
+                f"etcd at {endpoint} requires authentication ({message}): give user:password@ in the etcd3:// URL"
+            )
+        if "authentication failed" in lowered:
+            return AuthenticationFailed(self._auth_message(index, f"was refused ({message})"))
+        return Failure(code, f"{endpoint}: {message}")
+
+    def _connection_failure(self, index: int, exc: requests.RequestException) -> Exception:
+        endpoint = self.endpoints[index]
+        first_contact = not self._answered[index]
+        if isinstance(exc, requests.exceptions.SSLError):
+            text = str(exc)
+            if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+                return BackendError(
+                    f"the TLS certificate of {endpoint} could not be verified: {exc} "
+                    "(give the CA that signed it with ?ca=/path/to/ca.pem)"
+                )
+            if any(alert in text for alert in ("ALERT_BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "UNKNOWN_CA")):
+                return BackendError(
+                    f"{endpoint} refused the TLS connection ({exc}): it wants a client certificate it trusts "
+                    "(give ?cert=/path/to/client.pem&key=/path/to/client.key)"
+                )
+            if first_contact and self._greeting(index).startswith(b"HTTP/"):
+                return UnsupportedServer(f"{endpoint} does not speak TLS, only plain HTTP: use etcd3:// for it")
+        elif first_contact and (_not_http(exc) or _find_cause(exc, ConnectionResetError)):
+            # Redis, for one, hangs up without a word on an HTTP request with a Host header.
+            greeting = self._greeting(index)
+            if (not greeting or greeting.startswith(b"\x15\x03")) and self._speaks_tls(index):
+                return UnsupportedServer(f"{endpoint} speaks TLS only: use etcd3s:// (with ?ca= for its CA)")
+            if greeting and not greeting.startswith(b"HTTP/"):
+                line = greeting.split(b"\r\n", 1)[0].decode("utf-8", errors="replace")
+                return UnsupportedServer(
+                    f"{endpoint} is not an etcd server: it does not speak HTTP (it answered {line[:80]!r}); "
+                    "etcd3:// needs the client URL of an etcd 3 server"
+                )
+        self._rotate(index)
+        return retry.Transient(endpoint, exc)
+
+    def _greeting(self, index: int) -> bytes:
+        """The first bytes a plain ``GET /version HTTP/1.0`` gets from the endpoint (b"" if none)."""
+        host, port = self.options.endpoints[index]
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, self.options.timeout)) as sock:
+                sock.sendall(b"GET /version HTTP/1.0\r\n\r\n")
+                return sock.recv(128)
+        except OSError:
+            return b""
+
+    def _speaks_tls(self, index: int) -> bool:
+        """Does the endpoint complete a TLS handshake (whoever signed its certificate)?"""
+        host, port = self.options.endpoints[index]
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, self.options.timeout)) as sock, \
+                    context.wrap_socket(sock):
+                return True
+        except OSError:
+            return False
+
+    def _not_a_gateway(self, index: int, request: str, response: requests.Response) -> Exception:
+        """An HTTP answer that is not the v3 gateway's: find out what the server is, for the message."""
+        endpoint = self.endpoints[index]
+        what = f"{request} answered HTTP {response.status_code} {response.text.strip()[:80]!r}"
+        if "HTTPS server" in response.text:
+            return UnsupportedServer(f"{endpoint} speaks TLS only ({what}): use etcd3s:// (with ?ca= for its CA)")
+        try:
+            probe = self._session(index).get(endpoint + "/version", timeout=self.options.timeout)
+            version_text = probe.json().get("etcdserver") if probe.status_code == 200 else None
+        except (requests.RequestException, ValueError, AttributeError):
+            version_text = None
+        if not isinstance(version_text, str):
+            return UnsupportedServer(
+                f"{endpoint} is not an etcd server ({what}, and GET /version did not name an etcd version); "
+                "etcd3:// needs the client URL of an etcd 3 server"
+            )
+        try:
+            version = tuple(int(part) for part in version_text.split(".")[:2])
+        except ValueError:
+            version = (0, 0)
+        if version < (3, 0):
+            return UnsupportedServer(
+                f"etcd {version_text} at {endpoint} has no v3 API ({what}): use an etcd:// URL (the v2 keys API)"
+            )
+        path = next(p for major, minor, p in _API_PATHS if version >= (major, minor))
+        if path != self._api_paths[index]:
+            logger.info("etcd %s at %s serves the v3 gateway at %s", version_text, endpoint, path)
+            self._api_paths[index] = path
+            return _ApiPathChanged()
+        return UnsupportedServer(
+            f"etcd {version_text} at {endpoint} does not serve the v3 JSON gateway ({what}); "
+            "it is on unless etcd runs with --enable-grpc-gateway=false"
+        )
+
+    # -- auth ---------------------------------------------------------------
+
+    def _auth_message(self, index: int, what: str) -> str:
+        return f"etcd at {self.endpoints[index]}: user {self.options.username!r} {what}"
+
+    def _auth_token(self, index: int) -> str | None:
+        if not self._auth_enabled:
+            return None
+        with self._auth_lock:
+            if self._token is None and self._auth_enabled:
+                self._authenticate(index)
+            return self._token
+
+    def _authenticate(self, index: int) -> None:
+        body = {"name": self.options.username, "password": self.options.password or ""}
+        try:
+            answer = self._send(index, self._session(index), "auth/authenticate", body, token=None)
+        except Failure as exc:
+            if "authentication is not enabled" in str(exc):
+                logger.warning("etcd at %s has authentication off: ignoring the user name in the URL",
+                               self.endpoints[index])
+                self._auth_enabled = False
+                return
+            raise AuthenticationFailed(self._auth_message(index, f"was refused ({exc})")) from None
+        except _TokenRejected as exc:
+            raise AuthenticationFailed(self._auth_message(index, f"was refused ({exc})")) from None
+        token = answer.get("token")
+        if not token:
+            raise AuthenticationFailed(self._auth_message(index, "got no token from authenticate"))
+        self._token = str(token)
+        logger.debug("authenticated to etcd at %s as %r", self.endpoints[index], self.options.username)
+
+    def _drop_token(self, token: str | None) -> None:
+        with self._auth_lock:
+            if self._token == token:
+                self._token = None
+
+    # -- process life -------------------------------------------------------
+
+    def after_fork(self) -> None:
+        # The parent's sessions share its sockets (and TLS state): drop them unclosed.
+        self._local = threading.Lock()
+        self._auth_lock = threading.Lock()
+        self._sessions = [None] * len(self.endpoints)
+
+    def close(self) -> None:
+        with self._local:
+            sessions, self._sessions = self._sessions, [None] * len(self.endpoints)
+        for session in sessions:
+            if session is not None:
+                session.close()
+
+
+class Watch:
+    """A watch that lasts until its deadline, over as many streaming requests as the retry policy makes.
+
+    Each ``events()`` is one request. It remembers across them that the
+    auth token was rejected once: a second rejection is a refusal.
+    """
+
+    def __init__(self, gateway: Gateway, create_request: dict[str, Any], deadline: float, what: str) -> None:
+        self._gateway = gateway
+        self._body = {"create_request": create_request}
+        self._deadline = deadline
+        self._what = what
+        self._denied = 0
+
+    def events(self) -> Generator[dict[str, Any], None, None]:
+        """Each event, in revision order, until the deadline (then it ends).
+
+        Raises ``WatchCancelled`` if the server ends the watch, and
+        ``retry.Transient`` if the stream breaks before the deadline.
+        Close it (``contextlib.closing``) to end the request early.
+        """
+        gateway = self._gateway
+        index, session = gateway._pick()
+        token = None
+        try:
+            token = gateway._auth_token(index)
+            for result in gateway._stream(index, session, self._body, self._deadline, token):
+                yield from result.get("events", ())
+        except _ApiPathChanged:
+            raise retry.Transient(gateway.endpoints[index], "found the gateway at another path") from None
+        except _TokenRejected:
+            self._denied += 1
+            if self._denied > 1 or not gateway._auth_enabled:
+                raise AuthenticationFailed(gateway._auth_message(index, f"may not watch {self._what}")) from None
+            gateway._drop_token(token)
+            raise retry.Transient(gateway.endpoints[index], "auth token rejected; authenticating again") from None
+
+
+def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc``'s args, causes and contexts (requests nests urllib3's errors)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        todo.extend(a for a in current.args if isinstance(a, BaseException))
+        todo.extend(c for c in (current.__cause__, current.__context__) if c is not None)
+        reason = getattr(current, "reason", None)
+        if isinstance(reason, BaseException):
+            todo.append(reason)
+    return None
+
+
+def _not_http(exc: BaseException) -> http.client.BadStatusLine | None:
+    """The server answered with something that is not HTTP (a redis port, say)."""
+    found = _find_cause(exc, http.client.BadStatusLine)
+    if isinstance(found, http.client.BadStatusLine) and not isinstance(found, http.client.RemoteDisconnected):
+        return found
+    return None
+
+
+def _socket_of(response: requests.Response) -> socket.socket | None:
+    connection = getattr(response.raw, "connection", None) or getattr(response.raw, "_connection", None)
+    sock = getattr(connection, "sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _messages(response: requests.Response, sock: socket.socket | None, deadline: float) -> Iterator[dict[str, Any]]:
+    """The JSON messages of a gateway stream, each read bounded by ``deadline``."""
+    chunks = response.iter_content(chunk_size=None)
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if sock is not None:
+                sock.settimeout(remaining)
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                return
+            buffer += chunk
+        line, _, buffer = buffer.partition(b"\n")
+        if line.strip():
+            message = json.loads(line)
+            if isinstance(message, dict):
+                yield message
