@@ -27,15 +27,12 @@ instance's ``AsyncResult`` instead of queueing another.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import inspect
-import json
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import celery
 from celery import shared_task, signals
@@ -43,25 +40,42 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
-from celery.utils.time import maybe_make_aware
 
 from .client import Client
+from .dedupe import EnqueueMarkers, enqueue_delay
 from .errors import EtcdLockError, LockLost, TaskLocked
 from .mutex import Mutex
-from .queue import QueueLock as TaskLock  # the type of Mutex and of both RWLock sides
 from .rwlock import RWLock
-from .session import check_ttl
 from .settings import Settings, client_for
-from .store import DocumentStore
+from .store import Fence
+from .task_options import (
+    LOCK_OPTIONS,
+    KeySpec,
+    NameFunction,
+    check_class_options,
+    check_key_names,
+    check_options,
+    lock_name_for,
+)
 
 logger = get_logger(__name__)
 
-ON_CONFLICT = ("skip", "raise", "retry", "wait")
-MODES = ("read", "write")
-MARKERS = "enqueued"  # DocumentStore kind of the enqueue-dedupe markers
-
-KeySpec = str | Sequence[str] | Callable[[tuple[Any, ...], dict[str, Any]], str] | None
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class TaskLock(Fence, Protocol):
+    """The lock of a run: a Mutex, or one side of an RWLock."""
+
+    name: str
+    ttl: float
+
+    @property
+    def held(self) -> bool: ...
+    @property
+    def token(self) -> int | None: ...
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
+    def release(self) -> None: ...
+    def holders(self) -> list[dict[str, Any]]: ...
 
 
 class SingletonTask(celery.Task):
@@ -90,46 +104,36 @@ class SingletonTask(celery.Task):
     retry_countdown: float = 5.0
     dedupe_enqueue: bool = False
     dedupe_ttl: float = 3600.0
-    lock_name: str | Callable[[tuple[Any, ...], dict[str, Any]], str] | None = None
+    lock_name: str | NameFunction | None = None
     lock_mode: str | None = None  # None: exclusive, named after the task and key
-
-    _etcdlock_checked: bool = False
 
     @classmethod
     def on_bound(cls, app: celery.Celery) -> None:
         super().on_bound(app)
         if "run" in cls.__dict__:  # a concrete task: check its options when it is registered
-            _check_class_options(cls)
+            check_class_options(cls)
 
     # -- the lock of the current run ------------------------------------------
 
     @property
     def lock(self) -> TaskLock | None:
         """The lock this task holds in the current thread's run (None outside a run)."""
-        for task, held in reversed(_running.stack()):
+        for task, held in reversed(_running.stack):
             if task is self:
                 return held
         return None
 
     def lock_name_for(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> str:
         """The name of the lock a run with these arguments takes."""
-        args, kwargs = tuple(args), dict(kwargs or {})
-        lock_name = _option(self, "lock_name")
-        if lock_name is not None:
-            return _render(lock_name, self, args, kwargs, "lock")
-        base = f"task/{self.name}"
-        key = _option(self, "key")
-        if key is None:
-            return base
-        return f"{base}/{_render(key, self, args, kwargs, 'key')}"
+        return lock_name_for(self, tuple(args), dict(kwargs or {}))
 
     # -- running ----------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _check_class_options(type(self))
+        check_class_options(type(self))
         name = self.lock_name_for(args, kwargs)
         client = _client(self.app)
-        ttl = self.lock_ttl if self.lock_ttl is not None else Settings.from_app(self.app).ttl
+        ttl = self._lock_ttl()
         request = self.request
         task_id: str | None = request.id
         hostname = request.hostname or socket.gethostname()
@@ -147,14 +151,13 @@ class SingletonTask(celery.Task):
         lock = self._new_lock(client, name, ttl, on_lost, data)
         if not self._acquire(lock, client, name, task_id, hostname):
             return None
-        if self.dedupe_enqueue and task_id:
-            _forget_marker(client, name, task_id)
+        self._forget_marker(client, name, task_id)
         logger.debug("task %s[%s] on %s holds %s (token %s)", self.name, task_id, hostname, name, lock.token)
-        _running.push(self, lock)
+        _running.stack.append((self, lock))
         try:
             result = super().__call__(*args, **kwargs)
         finally:
-            _running.pop()
+            _running.stack.pop()
             kept = lock.held and not lost.is_set()
             _release(lock, name, task_id, hostname)
         if not kept:
@@ -163,6 +166,9 @@ class SingletonTask(celery.Task):
                 f"its exclusivity was not guaranteed for the whole run"
             )
         return result
+
+    def _lock_ttl(self) -> float:
+        return self.lock_ttl if self.lock_ttl is not None else Settings.from_app(self.app).ttl
 
     def _new_lock(
         self, client: Client, name: str, ttl: float, on_lost: Callable[[Any], None], data: dict[str, Any]
@@ -188,7 +194,7 @@ class SingletonTask(celery.Task):
             logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, holder)
             if lock.acquire(timeout=self.lock_timeout):
                 return True
-            self._drop_marker(client, name, task_id)
+            self._forget_marker(client, name, task_id)
             raise TaskLocked(
                 f"task {self.name}[{task_id}] gave up waiting for {name} after {self.lock_timeout}s; "
                 f"held by {_describe(_holders(lock))}",
@@ -204,7 +210,7 @@ class SingletonTask(celery.Task):
                 countdown=self.retry_countdown,
                 exc=TaskLocked(f"{name} is held by {holder}", lock_name=name, holder=_first(holders)),
             )
-        self._drop_marker(client, name, task_id)
+        self._forget_marker(client, name, task_id)
         if self.on_conflict == "raise":
             raise TaskLocked(
                 f"task {self.name}[{task_id}] not run: {name} is held by {holder}",
@@ -235,42 +241,28 @@ class SingletonTask(celery.Task):
             )
         raise Ignore()
 
-    def _drop_marker(self, client: Client, name: str, task_id: str | None) -> None:
+    def _forget_marker(self, client: Client, name: str, task_id: str | None) -> None:
+        """The run holds its lock or gives up: its enqueue marker has done its job."""
         if self.dedupe_enqueue and task_id:
-            _forget_marker(client, name, task_id)
+            EnqueueMarkers(client).forget(name, task_id)
 
     # -- enqueueing ----------------------------------------------------------------
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
         if not self.dedupe_enqueue or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        _check_class_options(type(self))
+        check_class_options(type(self))
         name = self.lock_name_for(tuple(args or ()), dict(kwargs or {}))
-        client = _client(self.app)
-        store = DocumentStore(client, MARKERS)
+        markers = EnqueueMarkers(_client(self.app))
         task_id = task_id or celery.uuid()
-        marker_ttl = self.dedupe_ttl + _delay(self, options)
-        for _attempt in range(5):
-            marker = store.get(name)
-            if marker is not None:
-                queued = marker.value.get("task_id")
-                if queued and queued != task_id:
-                    logger.info("task %s already queued as %s (%s); not queued again", self.name, queued, name)
-                    return self.AsyncResult(queued)
-                break  # our own marker: a retry re-sending this instance
-            running = _running_task_id(client, name, self)
-            if running and running != task_id:
-                logger.info("task %s already running as %s (%s); not queued again", self.name, running, name)
-                return self.AsyncResult(running)
-            value = {"task_id": task_id, "task": self.name}
-            if store.put(name, value, expect=None, ttl=marker_ttl) is not None:
-                break
-        else:
-            raise TaskLocked(f"could not record the enqueue marker of {name}: it kept changing", lock_name=name)
+        ttl = self.dedupe_ttl + enqueue_delay(options, self.app.now)
+        other = markers.claim(name, task_id, self.name, ttl=ttl, lock_ttl=self._lock_ttl())
+        if other is not None:
+            return self.AsyncResult(other)
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
-            _forget_marker(client, name, task_id)
+            markers.forget(name, task_id)
             raise
 
 
@@ -314,7 +306,7 @@ def rwlock_task(fun: F) -> Any: ...
 @overload
 def rwlock_task(
     *,
-    lock: str | Callable[[tuple[Any, ...], dict[str, Any]], str],
+    lock: str | NameFunction,
     mode: str,
     lock_ttl: float | None = None,
     on_conflict: str = "wait",
@@ -353,13 +345,13 @@ def _decorator(
     if not issubclass(base, SingletonTask):
         # keep the user's base behaviour and add the lock around it
         base = type(f"{default_base.__name__}{base.__name__}", (default_base, base), {})
-    lock_options = {k: options[k] for k in _LOCK_OPTIONS if k in options}
-    _check_options(lock_options, what)
+    lock_options = {k: options[k] for k in LOCK_OPTIONS if k in options}
+    check_options(lock_options, what)
 
     def register(function: Callable[..., Any]) -> Any:
         if not callable(function):
             raise TypeError(f"{what} decorates a function, not {function!r}")
-        _check_key_names(function, bool(options.get("bind")), lock_options, what)
+        check_key_names(function, bool(options.get("bind")), lock_options.get("key"), what)
         if app is not None:
             return app.task(base=base, **options)(function)
         return shared_task(base=base, **options)(function)
@@ -367,178 +359,14 @@ def _decorator(
     return register(fun) if fun is not None else register
 
 
-# -- option checks -------------------------------------------------------------------
-
-_LOCK_OPTIONS = (
-    "key", "lock_ttl", "on_conflict", "lock_timeout", "retry_countdown", "dedupe_enqueue", "dedupe_ttl",
-    "lock_name", "lock_mode",
-)
-
-
-def _check_options(options: dict[str, Any], where: str) -> None:
-    key = options.get("key")
-    if key is not None and not (isinstance(key, str) or callable(key) or _is_names(key)):
-        raise TypeError(
-            f"{where}: key must be None, a list of argument names, a format string or a callable, not {key!r}"
-        )
-    if isinstance(key, str) and not key:
-        raise ValueError(f"{where}: key must not be an empty string")
-    if options.get("lock_ttl") is not None:
-        check_ttl(options["lock_ttl"], f"{where}: lock_ttl")
-    on_conflict = options.get("on_conflict", "skip")
-    if on_conflict not in ON_CONFLICT:
-        choices = ", ".join(map(repr, ON_CONFLICT))
-        raise ValueError(f"{where}: on_conflict must be one of {choices}, not {on_conflict!r}")
-    if options.get("lock_timeout") is not None:
-        _non_negative(options["lock_timeout"], f"{where}: lock_timeout")
-    if "retry_countdown" in options:
-        _non_negative(options["retry_countdown"], f"{where}: retry_countdown")
-    if "dedupe_ttl" in options:
-        check_ttl(options["dedupe_ttl"], f"{where}: dedupe_ttl")
-    if not isinstance(options.get("dedupe_enqueue", False), bool):
-        raise TypeError(f"{where}: dedupe_enqueue must be True or False, not {options['dedupe_enqueue']!r}")
-    if "lock_name" in options:
-        lock_name = options["lock_name"]
-        if not (isinstance(lock_name, str) and lock_name) and not callable(lock_name) and lock_name is not None:
-            raise TypeError(f"{where}: lock must be a non-empty name, a format string or a callable, not {lock_name!r}")
-    mode = options.get("lock_mode")
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"{where}: mode must be 'read' or 'write', not {mode!r}")
-    if options.get("dedupe_enqueue") and mode is not None:
-        raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
-
-
-def _option(owner: object, name: str) -> Any:
-    """An option as given: a callable stored as a class attribute must not become a method."""
-    value = inspect.getattr_static(owner, name)
-    return value.__func__ if isinstance(value, staticmethod) else value
-
-
-def _check_class_options(cls: type[SingletonTask]) -> None:
-    if cls.__dict__.get("_etcdlock_checked"):
-        return
-    where = f"task {cls.name or cls.__name__}"
-    _check_options({k: _option(cls, k) for k in _LOCK_OPTIONS}, where)
-    run = cls.__dict__.get("run")
-    if run is not None:
-        function = run.__func__ if isinstance(run, staticmethod) else run
-        bound_first = not isinstance(run, staticmethod)
-        _check_key_names(function, bound_first, {"key": _option(cls, "key")}, where)
-    cls._etcdlock_checked = True
-
-
-def _check_key_names(function: Callable[..., Any], bound: bool, options: dict[str, Any], where: str) -> None:
-    key = options.get("key")
-    if not _is_names(key):
-        return
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if bound and parameters:
-        parameters = parameters[1:]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return
-    known = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
-    missing = [n for n in key or () if n not in known]
-    if missing:
-        raise ValueError(
-            f"{where}: key names {', '.join(map(repr, missing))} that are not arguments of "
-            f"{getattr(function, '__qualname__', function)} (it takes {', '.join(sorted(known)) or 'none'})"
-        )
-
-
-def _is_names(value: object) -> bool:
-    return (
-        isinstance(value, (list, tuple))
-        and bool(value)
-        and all(isinstance(n, str) and n for n in value)
-    )
-
-
-def _non_negative(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
-    return float(value)
-
-
-# -- keys ---------------------------------------------------------------------------------
-
-
-def _render(spec: Any, task: SingletonTask, args: tuple[Any, ...], kwargs: dict[str, Any], option: str) -> str:
-    """The text of a ``key``/``lock`` option for one call's arguments."""
-    if callable(spec) and not isinstance(spec, str):
-        text = spec(args, kwargs)
-        if not isinstance(text, str) or not text:
-            raise TypeError(f"task {task.name}: the {option} callable must return a non-empty str, not {text!r}")
-        return text
-    arguments = _bind(task, args, kwargs)
-    if isinstance(spec, str):
-        try:
-            text = spec.format(*args, **arguments)
-        except (KeyError, IndexError, AttributeError) as exc:
-            raise ValueError(f"task {task.name}: {option} {spec!r} names {exc} that the call does not have") from None
-        if not text:
-            raise ValueError(f"task {task.name}: {option} {spec!r} rendered to an empty name")
-        return text
-    parts = []
-    for name in spec or ():
-        if name not in arguments:
-            raise ValueError(f"task {task.name}: {option} names argument {name!r} that the call does not have")
-        parts.append(f"{name}={json.dumps(arguments[name], sort_keys=True, default=str)}")
-    return ",".join(parts)
-
-
-def _bind(task: SingletonTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments by parameter name, defaults applied, extra keywords flattened in."""
-    signature = _signature(task)
-    if signature is None:
-        return dict(kwargs)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"task {task.name} called with arguments that do not fit its signature: {exc}") from None
-    bound.apply_defaults()
-    arguments: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_KEYWORD:
-            arguments.update(value)
-        elif kind is not inspect.Parameter.VAR_POSITIONAL:
-            arguments[name] = value
-    return arguments
-
-
-_signatures: weakref.WeakKeyDictionary[type, inspect.Signature | None] = weakref.WeakKeyDictionary()
-
-
-def _signature(task: SingletonTask) -> inspect.Signature | None:
-    cls = type(task)
-    if cls not in _signatures:
-        try:
-            _signatures[cls] = inspect.signature(task.run)
-        except (TypeError, ValueError):
-            _signatures[cls] = None
-    return _signatures[cls]
-
-
-# -- helpers ---------------------------------------------------------------------------
+# -- the life cycle of a run's lock -------------------------------------------------------
 
 
 class _RunningLocks(threading.local):
     """The locks held by the task runs of this thread (a stack: tasks may call tasks)."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[SingletonTask, TaskLock]] = []
-
-    def stack(self) -> list[tuple[SingletonTask, TaskLock]]:
-        return self.items
-
-    def push(self, task: SingletonTask, lock: TaskLock) -> None:
-        self.items.append((task, lock))
-
-    def pop(self) -> None:
-        self.items.pop()
+        self.stack: list[tuple[SingletonTask, TaskLock]] = []
 
 
 _running = _RunningLocks()
@@ -606,40 +434,6 @@ def _finished(task: SingletonTask, task_id: str, patience: float = 2.0) -> bool:
     except Exception:  # the backend is down: assume not finished
         return False
     return True
-
-
-def _running_task_id(client: Client, name: str, task: SingletonTask) -> str | None:
-    lock = Mutex(client, name, ttl=task.lock_ttl or Settings.from_app(task.app).ttl)
-    for holder in _holders(lock):
-        task_id = (holder.get("data") or {}).get("task_id")
-        if task_id:
-            return str(task_id)
-    return None
-
-
-def _forget_marker(client: Client, name: str, task_id: str) -> None:
-    """Delete the enqueue marker of ``name`` if it is ``task_id``'s (never another instance's)."""
-    store = DocumentStore(client, MARKERS)
-    try:
-        marker = store.get(name)
-        if marker is not None and marker.value.get("task_id") == task_id:
-            store.delete(name, expect=marker)
-    except EtcdLockError as exc:
-        logger.warning("could not delete the enqueue marker of %s (task %s): %s", name, task_id, exc)
-
-
-def _delay(task: SingletonTask, options: dict[str, Any]) -> float:
-    """Seconds the message waits before it may run (countdown or ETA)."""
-    countdown = options.get("countdown")
-    if countdown is not None:
-        return max(0.0, float(countdown))
-    eta = options.get("eta")
-    if isinstance(eta, str):
-        eta = datetime.datetime.fromisoformat(eta)
-    if isinstance(eta, datetime.datetime):
-        now = task.app.now()
-        return max(0.0, (maybe_make_aware(eta) - now).total_seconds())
-    return 0.0
 
 
 # -- worker processes ----------------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Enqueue-time deduplication: at most one instance per lock name queued or running.
+
+    markers = EnqueueMarkers(client)
+    ttl = dedupe_ttl + enqueue_delay(options, app.now)
+    other = markers.claim(lock_name, task_id, task.name, ttl=ttl, lock_ttl=30)
+    if other is not None:
+        return task.AsyncResult(other)          # already queued or running
+    ...send the message; markers.forget(lock_name, task_id) if sending fails
+
+A marker is a ``DocumentStore`` document of kind ``"enqueued"`` named after
+the lock the task will take, holding the queued task id. It is created by
+compare-and-swap, so of two callers racing only one queues. The run forgets
+it as soon as it holds its lock (the lock's holder data then names the
+running instance) or gives up the run; should the message be lost, the
+marker expires after ``dedupe_ttl`` seconds plus any countdown or ETA.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+from celery.utils.log import get_logger
+from celery.utils.time import maybe_make_aware
+
+from .client import Client
+from .errors import EtcdLockError, TaskLocked
+from .mutex import Mutex
+from .store import DocumentStore
+
+logger = get_logger(__name__)
+
+MARKERS = "enqueued"  # the DocumentStore kind of the markers
+CLAIM_ATTEMPTS = 5  # compare-and-swap rounds lost to other callers before giving up
+
+
+class EnqueueMarkers:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.store = DocumentStore(client, MARKERS)
+
+    def claim(self, name: str, task_id: str, task: str, *, ttl: float, lock_ttl: float) -> str | None:
+        """Record ``task_id`` as the instance queued for ``name``.
+
+        None if recorded (or already ours); else the id of the other instance
+        already queued or running, which the caller returns instead of queueing.
+        """
+        for _attempt in range(CLAIM_ATTEMPTS):
+            marker = self.store.get(name)
+            if marker is not None:
+                queued = marker.value.get("task_id")
+                if queued and queued != task_id:
+                    logger.info("task %s already queued as %s (%s); not queued again", task, queued, name)
+                    return queued
+                return None  # our own marker: a retry re-sending this instance
+            running = self._running_task_id(name, lock_ttl)
+            if running and running != task_id:
+                logger.info("task %s already running as %s (%s); not queued again", task, running, name)
+                return running
+            if self.store.put(name, {"task_id": task_id, "task": task}, expect=None, ttl=ttl) is not None:
+                return None
+        raise TaskLocked(f"could not record the enqueue marker of {name}: it kept changing", lock_name=name)
+
+    def forget(self, name: str, task_id: str) -> None:
+        """Delete the marker of ``name`` if it is ``task_id``'s (never another instance's)."""
+        try:
+            marker = self.store.get(name)
+            if marker is not None and marker.value.get("task_id") == task_id:
+                self.store.delete(name, expect=marker)
+        except EtcdLockError as exc:
+            logger.warning("could not delete the enqueue marker of %s (task %s): %s", name, task_id, exc)
+
+    def _running_task_id(self, name: str, lock_ttl: float) -> str | None:
+        try:
+            holders = Mutex(self.client, name, ttl=lock_ttl).holders()
+        except EtcdLockError as exc:
+            logger.warning("could not read the holders of %s: %s", name, exc)
+            return None
+        for holder in holders:
+            task_id = (holder.get("data") or {}).get("task_id")
+            if task_id:
+                return str(task_id)
+        return None
+
+
+def enqueue_delay(options: dict[str, Any], now: Callable[[], datetime.datetime]) -> float:
+    """Seconds a message sent with these ``apply_async`` options waits before it may run."""
+    countdown = options.get("countdown")
+    if countdown is not None:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if isinstance(eta, str):
+        eta = datetime.datetime.fromisoformat(eta)
+    if isinstance(eta, datetime.datetime):
+        return max(0.0, (maybe_make_aware(eta) - now()).total_seconds())
+    return 0.0

@@ -1,0 +1,206 @@
+"""The lock options of a singleton or read-write locked task, and the lock name each call takes.
+
+    check_options({"key": ["customer_id"], "on_conflict": "retry"}, "singleton_task")
+    lock_name_for(sync_customer, (42,), {})     # "task/app.sync_customer/customer_id=42"
+
+Options are checked when the task is declared (or its class registered), so
+a mistake fails at import, naming the option, not at the first run. A lock
+name is ``lock_name`` rendered for the call if the task has one, else
+``task/<task name>``, followed by ``/<key>`` if it has a ``key``. ``key`` and
+``lock_name`` are a list of argument names (rendered ``name=<json>,...``),
+a format string over the arguments, or ``callable(args, kwargs) -> str``;
+arguments are bound through the task's signature, so a key names an
+argument however the caller passed it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ON_CONFLICT = ("skip", "raise", "retry", "wait")
+MODES = ("read", "write")
+LOCK_OPTIONS = (
+    "key", "lock_ttl", "on_conflict", "lock_timeout", "retry_countdown", "dedupe_enqueue", "dedupe_ttl",
+    "lock_name", "lock_mode",
+)
+
+NameFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
+KeySpec = str | Sequence[str] | NameFunction | None
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+def check_options(options: dict[str, Any], where: str) -> None:
+    """Raise TypeError/ValueError naming the first bad lock option of ``options``."""
+    key = options.get("key")
+    if key is not None and not (isinstance(key, str) or callable(key) or _is_names(key)):
+        raise TypeError(
+            f"{where}: key must be None, a list of argument names, a format string or a callable, not {key!r}"
+        )
+    if isinstance(key, str) and not key:
+        raise ValueError(f"{where}: key must not be an empty string")
+    if options.get("lock_ttl") is not None:
+        _positive_seconds(options["lock_ttl"], f"{where}: lock_ttl")
+    on_conflict = options.get("on_conflict", "skip")
+    if on_conflict not in ON_CONFLICT:
+        choices = ", ".join(map(repr, ON_CONFLICT))
+        raise ValueError(f"{where}: on_conflict must be one of {choices}, not {on_conflict!r}")
+    if options.get("lock_timeout") is not None:
+        _non_negative_seconds(options["lock_timeout"], f"{where}: lock_timeout")
+    if "retry_countdown" in options:
+        _non_negative_seconds(options["retry_countdown"], f"{where}: retry_countdown")
+    if "dedupe_ttl" in options:
+        _positive_seconds(options["dedupe_ttl"], f"{where}: dedupe_ttl")
+    if not isinstance(options.get("dedupe_enqueue", False), bool):
+        raise TypeError(f"{where}: dedupe_enqueue must be True or False, not {options['dedupe_enqueue']!r}")
+    if "lock_name" in options:
+        lock_name = options["lock_name"]
+        if not (isinstance(lock_name, str) and lock_name) and not callable(lock_name) and lock_name is not None:
+            raise TypeError(f"{where}: lock must be a non-empty name, a format string or a callable, not {lock_name!r}")
+    mode = options.get("lock_mode")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"{where}: mode must be 'read' or 'write', not {mode!r}")
+    if options.get("dedupe_enqueue") and mode is not None:
+        raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
+
+
+_checked_classes: weakref.WeakSet[type] = weakref.WeakSet()
+
+
+def check_class_options(cls: type[Any]) -> None:
+    """Check the lock options of a task class (once per class, options inherited or not)."""
+    if cls in _checked_classes:
+        return
+    where = f"task {cls.name or cls.__name__}"
+    check_options({k: option(cls, k) for k in LOCK_OPTIONS}, where)
+    run = cls.__dict__.get("run")
+    if run is not None:
+        function = run.__func__ if isinstance(run, staticmethod) else run
+        check_key_names(function, not isinstance(run, staticmethod), option(cls, "key"), where)
+    _checked_classes.add(cls)
+
+
+def check_key_names(function: Callable[..., Any], bound: bool, key: Any, where: str) -> None:
+    """A ``key`` list must name arguments of ``function`` (after ``self`` if ``bound``)."""
+    if not _is_names(key):
+        return
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if bound and parameters:
+        parameters = parameters[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    known = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    missing = [n for n in key if n not in known]
+    if missing:
+        raise ValueError(
+            f"{where}: key names {', '.join(map(repr, missing))} that are not arguments of "
+            f"{getattr(function, '__qualname__', function)} (it takes {', '.join(sorted(known)) or 'none'})"
+        )
+
+
+def option(owner: object, name: str) -> Any:
+    """An option as given: a callable stored as a class attribute must not become a method."""
+    value = inspect.getattr_static(owner, name)
+    return value.__func__ if isinstance(value, staticmethod) else value
+
+
+def _is_names(value: object) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(n, str) and n for n in value)
+    )
+
+
+# The primitives check their own ttl too; these name the task option at declaration.
+def _positive_seconds(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+
+
+def _non_negative_seconds(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
+
+
+# -- lock names ------------------------------------------------------------------------------
+
+
+def lock_name_for(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The name of the lock ``task`` takes for a call with these arguments."""
+    lock_name = option(task, "lock_name")
+    if lock_name is not None:
+        return _render(lock_name, task, args, kwargs, "lock")
+    base = f"task/{task.name}"
+    key = option(task, "key")
+    if key is None:
+        return base
+    return f"{base}/{_render(key, task, args, kwargs, 'key')}"
+
+
+def _render(spec: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> str:
+    """The text of a ``key``/``lock`` option for one call's arguments."""
+    if callable(spec) and not isinstance(spec, str):
+        text = spec(args, kwargs)
+        if not isinstance(text, str) or not text:
+            raise TypeError(f"task {task.name}: the {what} callable must return a non-empty str, not {text!r}")
+        return text
+    arguments = _bind(task, args, kwargs)
+    if isinstance(spec, str):
+        try:
+            text = spec.format(*args, **arguments)
+        except (KeyError, IndexError, AttributeError) as exc:
+            raise ValueError(f"task {task.name}: {what} {spec!r} names {exc} that the call does not have") from None
+        if not text:
+            raise ValueError(f"task {task.name}: {what} {spec!r} rendered to an empty name")
+        return text
+    parts = []
+    for name in spec or ():
+        if name not in arguments:
+            raise ValueError(f"task {task.name}: {what} names argument {name!r} that the call does not have")
+        parts.append(f"{name}={json.dumps(arguments[name], sort_keys=True, default=str)}")
+    return ",".join(parts)
+
+
+def _bind(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults applied, extra keywords flattened in."""
+    signature = _signature(task)
+    if signature is None:
+        return dict(kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"task {task.name} called with arguments that do not fit its signature: {exc}") from None
+    bound.apply_defaults()
+    arguments: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            arguments[name] = value
+    return arguments
+
+
+_signatures: weakref.WeakKeyDictionary[type, inspect.Signature | None] = weakref.WeakKeyDictionary()
+
+
+def _signature(task: Any) -> inspect.Signature | None:
+    cls = type(task)
+    if cls not in _signatures:
+        try:
+            _signatures[cls] = inspect.signature(task.run)
+        except (TypeError, ValueError):
+            _signatures[cls] = None
+    return _signatures[cls]
