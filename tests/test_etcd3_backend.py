@@ -217,10 +217,11 @@ def test_delete_entry_is_guarded_by_create_revision(backend: Etcd3Backend, serve
 # -- leases -------------------------------------------------------------------------------------
 
 
-def test_grant_rounds_the_ttl_up(backend: Etcd3Backend) -> None:
-    lease = backend.grant(2.2)
+def test_grant_leaves_room_for_etcds_expiry_loop(backend: Etcd3Backend) -> None:
+    lease = backend.grant(3.7)
     assert isinstance(lease, V3Lease)
-    assert lease.granted_ttl >= 3 and lease.ttl == 2.2
+    # whole seconds, and 0.5 s below the ttl: expired leases are swept twice a second
+    assert lease.granted_ttl == 3 and lease.ttl == 3.7
     assert not lease.expired and int(lease.id, 16) == lease.lease_id
 
 
@@ -273,7 +274,7 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
     _, sent = cost(backend.keep_alive, lease, [entry], 5)
     assert sent == {"/v3/lease/keepalive": 1, "/v3/kv/lease/timetolive": 1}
     _, sent = cost(backend.wait_gone, entry, snapshot.revision, 0.2)
-    assert sent == {"/v3/watch": 1}
+    assert sent == {"/v3/watch": 1, "/v3/kv/range": 1}  # the watch, then the key read once it exists
     _, sent = cost(backend.delete_entry, entry)
     assert sent == {"/v3/kv/txn": 1}
     record, sent = cost(backend.put_record, "records/k/a", {"v": 1}, expect=None, fence=None)
@@ -328,7 +329,8 @@ def test_wait_gone_times_out_when_nothing_happens(backend: Etcd3Backend) -> None
     assert backend.wait_gone(entry, snapshot.revision, timeout=0) is WaitResult.TIMEOUT
 
 
-def test_wait_gone_is_stale_after_compaction(backend: Etcd3Backend, server: EtcdServer) -> None:
+def test_wait_gone_does_not_depend_on_a_compacted_revision(backend: Etcd3Backend, server: EtcdServer) -> None:
+    """wait_gone watches from now and then reads the key, so an old, compacted revision does not matter."""
     lease = backend.grant(30)
     entry = backend.create_entry("locks/q", {}, lease)
     before = backend.read_queue("locks/q").revision
@@ -336,7 +338,9 @@ def test_wait_gone_is_stale_after_compaction(backend: Etcd3Backend, server: Etcd
     backend.put_record("records/k/y", {"n": 1}, expect=None)
     status, reply = server.v3("kv/compaction", {"revision": str(current_revision(server)), "physical": True})
     assert status == 200, reply
-    assert backend.wait_gone(entry, before, timeout=30) is WaitResult.STALE
+    assert backend.wait_gone(entry, before, timeout=0.5) is WaitResult.TIMEOUT  # still there
+    backend.delete_entry(entry)
+    assert backend.wait_gone(entry, before, timeout=30) is WaitResult.GONE  # deleted before the watch began
 
 
 # -- records ------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ attached to the session's lease and put by a transaction only if it does not
 exist yet (the nonce: two acquisitions under one lease get two keys). Its
 token is its ``create_revision``. As in etcd's ``concurrency.Mutex``, a
 queue is read in one range sorted by create revision, and a waiter watches
-the one key it waits for, for DELETE, from the revision of that read. A
+the one key it waits for, for DELETE (from now, then checks the key still
+exists: see ``wait_gone``). A
 record is a plain key, written by a transaction that compares its mod
 revision and, when fenced, the fence entry's create revision.
 
@@ -20,7 +21,8 @@ What each operation costs, in requests:
 - ``create_entry``: 1 transaction (put if absent); ``join_queue``: the same
   transaction, which also reads the queue.
 - ``delete_entry``: 1 transaction (delete if the create revision is ours).
-- ``wait_gone``: 1 streaming watch until the event or the timeout.
+- ``wait_gone``: 1 streaming watch until the event or the timeout, and 1
+  range once the watch exists.
 - ``keep_alive``: 2 whatever the number of entries: the lease's keep-alive,
   then the listing of the lease's keys, which notices an entry deleted
   behind its holder's back (``celery etcdlock release``, an operator).
@@ -37,7 +39,6 @@ rejected, and the cost again for each retry of a transient failure.
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -48,7 +49,18 @@ from celery.utils.log import get_logger
 
 from .. import retry
 from ..errors import BackendError
-from .base import Backend, Entry, Lease, LeaseExpired, Record, Snapshot, WaitResult, decode_json, encode_json
+from .base import (
+    Backend,
+    Entry,
+    Lease,
+    LeaseExpired,
+    Record,
+    Snapshot,
+    WaitResult,
+    decode_json,
+    encode_json,
+    server_ttl,
+)
 from .gateway import NOT_FOUND, Failure, Gateway, WatchCancelled, b64, prefix_end, unb64
 
 if TYPE_CHECKING:
@@ -64,7 +76,7 @@ class V3Lease(Lease):
     def __init__(self, lease_id: int, ttl: float, granted_ttl: int) -> None:
         self.lease_id = lease_id
         self.ttl = ttl
-        self.granted_ttl = granted_ttl  # what etcd granted: ceil(ttl), or etcd's minimum if higher
+        self.granted_ttl = granted_ttl  # what etcd granted: server_ttl(ttl), or etcd's minimum if higher
 
     @property
     def id(self) -> str:
@@ -137,7 +149,7 @@ class Etcd3Backend(Backend):
     # -- leases -------------------------------------------------------------
 
     def grant(self, ttl: float) -> Lease:
-        wanted = max(1, math.ceil(ttl))
+        wanted = server_ttl(ttl)
 
         def grant() -> Lease:
             answer = self._gateway.post("lease/grant", {"TTL": wanted})
@@ -268,26 +280,35 @@ class Etcd3Backend(Backend):
         return self._retrying(f"read queue {queue}", read)
 
     def wait_gone(self, entry: Entry, after_revision: int, timeout: float) -> WaitResult:
+        # A watch from a past revision that has writes after it is served from etcd's "unsynced" set,
+        # which is checked only every 100 ms: under contention every handoff would wait for it. A watch
+        # from now is synced. So watch from now, and once it exists, read the key: a delete that came
+        # before the watch shows as an absent key, one after it as an event. Nothing is missed, and
+        # after_revision is not needed (nor can it be compacted away).
         deadline = time.monotonic() + timeout
-        watch = self._gateway.watch(
-            {"key": b64(self._full(entry.key)), "start_revision": str(after_revision + 1), "filters": ["NOPUT"]},
-            deadline,
-            entry.key,
-        )
+        watch = self._gateway.watch({"key": b64(self._full(entry.key)), "filters": ["NOPUT"]}, deadline, entry.key)
 
         def wait() -> WaitResult:
             if time.monotonic() >= deadline:
                 return WaitResult.TIMEOUT
             try:
-                with closing(watch.events()) as events:
-                    if any(event.get("type") == "DELETE" for event in events):
-                        return WaitResult.GONE
+                with closing(watch.results()) as results:
+                    for result in results:
+                        if result.get("created") and not self._exists(entry):
+                            return WaitResult.GONE
+                        if any(event.get("type") == "DELETE" for event in result.get("events", ())):
+                            return WaitResult.GONE
             except WatchCancelled as exc:
                 logger.debug("watch of %s ended (%s): reading again", entry.key, exc)
                 return WaitResult.STALE
             return WaitResult.TIMEOUT
 
         return self._retrying(f"watch {entry.key}", wait)
+
+    def _exists(self, entry: Entry) -> bool:
+        """Whether ``entry`` (this very key, not a namesake created later) still exists."""
+        kvs = self._range(self._full(entry.key)).get("kvs", [])
+        return bool(kvs) and int(kvs[0]["create_revision"]) == entry.token
 
     def delete_entry(self, entry: Entry) -> bool:
         full = b64(self._full(entry.key))

@@ -7,7 +7,7 @@ The gateway takes each gRPC request as a JSON ``POST`` to ``<api path><method>``
 
     gateway = Gateway(parse_url("etcd3://127.0.0.1:2379"))       # no network I/O yet
     answer = gateway.post("kv/range", {"key": b64("/etcdlock/x")})
-    with closing(gateway.watch({"key": b64("/etcdlock/x")}, deadline, "x").events()) as events:
+    with closing(gateway.watch({"key": b64("/etcdlock/x")}, deadline, "x").results()) as results:
         for event in events: ...
 
 What it takes care of:
@@ -443,8 +443,8 @@ class Watch:
         self._what = what
         self._denied = 0
 
-    def events(self) -> Generator[dict[str, Any], None, None]:
-        """Each event, in revision order, until the deadline (then it ends).
+    def results(self) -> Generator[dict[str, Any], None, None]:
+        """Each message of the stream (``created`` first, then ``events``), until the deadline (then it ends).
 
         Raises ``WatchCancelled`` if the server ends the watch, and
         ``retry.Transient`` if the stream breaks before the deadline.
@@ -455,8 +455,7 @@ class Watch:
         token = None
         try:
             token = gateway._auth_token(index)
-            for result in gateway._stream(index, session, self._body, self._deadline, token):
-                yield from result.get("events", ())
+            yield from gateway._stream(index, session, self._body, self._deadline, token)
         except _ApiPathChanged:
             raise retry.Transient(gateway.endpoints[index], "found the gateway at another path") from None
         except _TokenRejected:
