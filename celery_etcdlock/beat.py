@@ -303,11 +303,11 @@ class LeaderScheduler(Scheduler):
                     previous = stored.value if stored is not None else {}
                     stored_token = previous.get("token")
                     if isinstance(stored_token, int) and stored_token > token:
-                        # A later candidate took over: ours must be gone already.
-                        logger.error("beat %s: beat/%s was taken over by %s with token %s > ours %s; resigning",
-                                     self.identity, self.name, previous.get("leader"), stored_token, token)
-                        election.resign()
-                        return False
+                        # A later leader's token, or a state copied from another cluster (tokens are revisions
+                        # of the cluster that wrote them). Not a reason to stand down: the compare-and-swap on
+                        # the version below is what keeps two leaders from both recording a run.
+                        logger.warning("beat %s: beat/%s was last written by %s with token %s > ours %s",
+                                       self.identity, self.name, previous.get("leader"), stored_token, token)
                     document, adopted = self._merged_state(previous, token)
                     written = self._store.put(self.name, document, expect=stored, fence=election)
                 finally:

@@ -41,7 +41,7 @@ from celery.utils.log import get_logger
 
 from .backends.base import Entry, WaitResult
 from .client import Client
-from .errors import EtcdLockError, NotHeld
+from .errors import NotHeld
 from .keys import ELECTIONS, queue_key
 from .queue import WRITE, QueueLock
 
@@ -114,10 +114,10 @@ class Election:
         self._resigned = True
         with self._emitting:
             self._leading = False  # resigning is not being deposed: no event
-        self._wake.set()
         self._lock.cancel()
         with contextlib.suppress(NotHeld):
             self._lock.release()
+        self._wake.set()  # only now: the campaign loop must find the lock released when it wakes
 
     # -- background campaign and events ----------------------------------------
 
@@ -165,9 +165,9 @@ class Election:
         while not self._stopping.is_set():
             try:
                 if not self.campaign():
-                    continue  # cancelled by stop()
-            except EtcdLockError as exc:
-                logger.warning("election %s: campaign of %s failed: %s", self.name, self.identity, exc)
+                    continue  # cancelled by resign() or stop()
+            except Exception as exc:  # the campaign must outlive any failure, or the node never leads again
+                logger.warning("election %s: campaign of %s failed: %r", self.name, self.identity, exc)
                 self._emit(ERROR, None)
                 self._stopping.wait(min(1.0, self.ttl / 3))
                 continue
@@ -175,7 +175,7 @@ class Election:
             self._resigned = False
             self._emit(ELECTED, self.identity)
             while self._lock.held and not self._stopping.is_set() and not self._resigned:
-                self._wake.wait()
+                self._wake.wait(timeout=self.ttl / 3)  # woken on loss; the timeout is a safety net
                 self._wake.clear()
             if self._stopping.is_set() or self._resigned:
                 self._resigned = False
@@ -189,11 +189,11 @@ class Election:
         backend = self.client.backend
         while not self._stopping.is_set():
             try:
+                mine = self._lock.fence_entry  # before the read: leadership won after it is not judged by it
                 snapshot = backend.read_queue(self._lock.queue)
-                mine = self._lock.fence_entry
                 if mine is not None and snapshot.find(mine.token) is None:
                     # our key was deleted (an operator's force-release): stop leading now, not at the next renewal
-                    self._lock.forfeit("its key was deleted")
+                    self._lock.forfeit("its key was deleted", mine)
                 head = snapshot.entries[0] if snapshot.entries else None
                 leader = _identity(head) if head is not None else None
                 if leader != known and leader != self.identity:
@@ -209,8 +209,8 @@ class Election:
                     result = backend.wait_gone(head, snapshot.revision, timeout=max(5.0, 2 * self.ttl))
                     if result is not WaitResult.TIMEOUT:
                         break
-            except EtcdLockError as exc:
-                logger.warning("election %s: observing the leader failed: %s", self.name, exc)
+            except Exception as exc:  # the observer must outlive any failure
+                logger.warning("election %s: observing the leader failed: %r", self.name, exc)
                 self._emit(ERROR, None)
                 self._stopping.wait(min(1.0, self.ttl / 3))
 

@@ -114,6 +114,7 @@ class QueueLock:
         self._backend = client.backend
         self._claim: Claim | None = None
         self._waiting: Claim | None = None
+        self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
         self._cancelled = threading.Event()
 
@@ -165,16 +166,17 @@ class QueueLock:
         if was_alive:
             logger.info("lock %s released by %s (token %d)", self.name, self.holder, claim.entry.token)
 
-    def forfeit(self, reason: str) -> None:
-        """Give the lock up as lost (its key was seen deleted), without waiting for a renewal to notice."""
+    def forfeit(self, reason: str, entry: Entry | None = None) -> None:
+        """Give the lock up as lost (its key, ``entry`` if given, was seen deleted) without waiting for a renewal."""
         claim = self._claim
-        if claim is not None:
+        if claim is not None and (entry is None or claim.entry == entry):
             self._session.mark_lost(claim, reason)
 
     def cancel(self) -> None:
         """Make a blocked ``acquire()`` in another thread give up (it returns False) and leave the queue now."""
-        self._cancelled.set()
-        waiting = self._waiting
+        with self._state:
+            self._cancelled.set()
+            waiting = self._waiting
         if waiting is not None:
             self._session.leave(waiting)
 
@@ -210,8 +212,10 @@ class QueueLock:
     def _acquire(self, deadline: float) -> bool:
         self._session = self.client.session(self.ttl)
         claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
-        self._waiting = claim
         try:
+            if not self._wait_with(claim):
+                self._session.leave(claim)
+                return False
             while True:
                 mine = snapshot.find(claim.entry.token)
                 if mine is None:  # maybe a lagging member: ask the leader before giving up the entry
@@ -225,11 +229,19 @@ class QueueLock:
                         "lock %s: queue entry of %s vanished while waiting; queueing again", self.name, self.holder
                     )
                     claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
-                    self._waiting = claim
+                    if not self._wait_with(claim):
+                        self._session.leave(claim)
+                        return False
                     continue
                 blocker = blocker_of(snapshot.entries, mine, self.mode)
                 if blocker is None:
-                    self._claim = claim
+                    with self._state:
+                        cancelled = self._cancelled.is_set()
+                        if not cancelled:
+                            self._claim, self._waiting = claim, None
+                    if cancelled:
+                        self._session.leave(claim)
+                        return False
                     logger.info("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
                     return True
                 if not self._wait_for(blocker, snapshot.revision, deadline, claim):
@@ -237,10 +249,21 @@ class QueueLock:
                     return False
                 snapshot = self._backend.read_queue(self.queue)
         except BaseException:
+            if self._claim is claim:
+                self._claim = None
             self._session.leave(claim)  # never leave a dead request blocking the queue
             raise
         finally:
-            self._waiting = None
+            with self._state:
+                self._waiting = None
+
+    def _wait_with(self, claim: Claim) -> bool:
+        """Make ``claim`` the one cancel() deletes; False if cancel() came first."""
+        with self._state:
+            if self._cancelled.is_set():
+                return False
+            self._waiting = claim
+            return True
 
     def _wait_for(self, blocker: Entry, revision: int, deadline: float, claim: Claim) -> bool:
         """Wait until ``blocker`` goes (True: read again) or the deadline passes (False)."""

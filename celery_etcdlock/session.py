@@ -2,16 +2,19 @@
 
 As in etcd's ``concurrency`` package, a process has one session per client
 and TTL, and one background thread (the renewer) renews every session of
-the process, whatever the number of locks held or waited for. In v3 a
-session is one lease, kept alive every ttl/3; in v2 it is the group of keys
-that each renewal round refreshes (``refresh=true``, which wakes no watcher).
+the process, whatever the number of locks held or waited for. In v3 the
+entries of a session ride on one shared lease, kept alive every ttl/3; in v2
+each entry is a key with a TTL of its own, refreshed every ttl/3
+(``refresh=true``, which wakes no watcher).
 
-The session keeps a local deadline: the *send* time (monotonic clock) of the
-last renewal that succeeded, plus the TTL, minus a safety margin. The server
-cannot expire the entries before that moment, so a holder that checks the
-deadline steps down before anyone else can step in. When the deadline
-passes, or a renewal finds an entry gone, every claim concerned is marked
-lost at once and its ``on_lost`` callback runs (on the renewer thread).
+Each lease keeps a local deadline: the *send* time (monotonic clock) of the
+last renewal that succeeded, plus the TTL etcd was given, minus a safety
+margin. The server cannot expire the lease's entries before that moment, so
+a holder that checks the deadline steps down before anyone else can step
+in. When the deadline passes, or a renewal finds an entry gone, every claim
+concerned is marked lost at once and its ``on_lost`` callback runs (on the
+renewer thread, outside every lock). A claim knows its own lease, so a claim
+is never judged by a clock that does not renew it.
 
     session = client.session(ttl=10)
     claim, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=print)
@@ -65,8 +68,8 @@ def safety_margin(ttl: float) -> float:
 class Claim:
     """One entry this process created and keeps alive until it leaves."""
 
-    def __init__(self, session: Session, queue: str, entry: Entry, on_lost: Callable[[str], None] | None) -> None:
-        self.session = session
+    def __init__(self, tenancy: Tenancy, queue: str, entry: Entry, on_lost: Callable[[str], None] | None) -> None:
+        self.tenancy = tenancy
         self.queue = queue
         self.entry = entry
         self.on_lost = on_lost
@@ -76,10 +79,25 @@ class Claim:
 
     @property
     def alive(self) -> bool:
-        return not self.lost.is_set() and self.pid == os.getpid() and time.monotonic() < self.session.deadline
+        return not self.lost.is_set() and self.pid == os.getpid() and time.monotonic() < self.tenancy.deadline
 
     def __repr__(self) -> str:
         return f"<Claim {self.entry.key} token={self.entry.token} alive={self.alive}>"
+
+
+class Tenancy:
+    """A lease, the claims riding on it, and its clock (guarded by the session's mutex)."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.claims: dict[str, Claim] = {}
+        self.deadline = 0.0  # monotonic: the server cannot expire the lease's entries before it
+        self.next_renewal = float("inf")
+        self.strays: dict[str, int] = {}  # keys on the lease that no claim owns -> renewals that saw them
+
+    def restart_clock(self, sent: float, server_ttl: int, margin: float) -> None:
+        self.deadline = sent + server_ttl - margin
+        self.next_renewal = sent + server_ttl / 3
 
 
 class Session:
@@ -88,20 +106,25 @@ class Session:
     def __init__(self, backend: Backend, ttl: float, retry_max_delay: float) -> None:
         self.backend = backend
         self.ttl = ttl
-        self.server_ttl = server_ttl(ttl)  # what etcd is asked for: the clock below runs on it
+        self.server_ttl = server_ttl(ttl)  # what etcd is asked for: the clocks run on it
         self.margin = safety_margin(self.server_ttl)
         self.retry_max_delay = retry_max_delay
-        self._mutex = threading.Lock()
-        self._lease: Lease | None = None
-        self._claims: dict[str, Claim] = {}
-        self.deadline = 0.0  # monotonic; entries cannot expire on the server before it
-        self.next_renewal = float("inf")
+        self._mutex = threading.Lock()  # guards the tenancies, their claims and clocks, and _tidy
+        self._granting = threading.Lock()  # one grant at a time: concurrent joins share one lease
+        self._tenancies: list[Tenancy] = []
+        self._shared: Tenancy | None = None  # the lease new entries go on (v3)
         self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
+        self.not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
 
     @property
     def next_due(self) -> float:
-        """When the renewer should next call ``renew()``."""
-        return min(self.next_renewal, min(self._tidy.values(), default=float("inf")))
+        """When the renewer should next call ``renew()``: a renewal, an expiry or a tidy-up."""
+        with self._mutex:
+            busy = [t for t in self._tenancies if t.claims]
+            times = [min(t.next_renewal, t.deadline) for t in busy] + list(self._tidy.values())
+            if not busy and self._tenancies:
+                times.append(min(t.deadline for t in self._tenancies))  # to drop idle leases
+        return max(min(times, default=float("inf")), self.not_before)
 
     # -- used by the primitives ---------------------------------------------
 
@@ -110,23 +133,22 @@ class Session:
     ) -> tuple[Claim, Snapshot]:
         """Create a new entry in ``queue``, kept alive until ``leave``; and the queue as it then was."""
         for _attempt in range(3):
-            lease = self._current_lease()
+            tenancy = self._tenancy_for_new_entry()
             sent = time.monotonic()
             try:
-                entry, snapshot = self.backend.join_queue(queue, value, lease)
+                entry, snapshot = self.backend.join_queue(queue, value, tenancy.lease)
             except LeaseExpired:
                 with self._mutex:
-                    lost = self._expire("its lease expired on the server") if self._lease is lease else []
+                    lost = self._expire(tenancy, "its lease expired on the server")
                 _notify(lost)
                 continue
             with self._mutex:
                 self._tidy.pop(queue, None)
-                if self.backend.creating_renews and not self._claims:
-                    self._restart_clock(sent)
-                claim = Claim(self, queue, entry, on_lost)
-                self._claims[entry.key] = claim
-                # an idle session was not being renewed: resume ttl/3 after the last renewal
-                self.next_renewal = min(self.next_renewal, self.deadline + self.margin - self.server_ttl * 2 / 3)
+                if self.backend.creating_renews:  # v2: the entry's own TTL starts now
+                    tenancy.restart_clock(sent, self.server_ttl, self.margin)
+                    self._tenancies.append(tenancy)
+                claim = Claim(tenancy, queue, entry, on_lost)
+                tenancy.claims[entry.key] = claim
             _renewer().schedule(self)
             return claim, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
@@ -134,13 +156,14 @@ class Session:
     def leave(self, claim: Claim) -> bool:
         """Stop renewing ``claim`` and delete its entry (guarded). False if it was already gone."""
         with self._mutex:
-            self._claims.pop(claim.entry.key, None)
+            claim.tenancy.claims.pop(claim.entry.key, None)
         if claim.pid != os.getpid():
             return False  # a parent's entry, inherited through fork: not ours to delete
         try:
             return self.backend.delete_entry(claim.entry)
         except BackendError as exc:
-            logger.warning("could not delete %s (%s); it expires within %ss", claim.entry.key, exc, self.ttl)
+            # v2: nobody refreshes it any more; v3: it rides on a live lease, so a renewal deletes it as a stray
+            logger.warning("could not delete %s (%s); it goes within %ss", claim.entry.key, exc, self.ttl)
             return False
         finally:
             # v2 queues are directories, which outlive their last entry: remove one that stays unused
@@ -148,61 +171,121 @@ class Session:
                 self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
             _renewer().schedule(self)
 
+    def mark_lost(self, claim: Claim, reason: str) -> None:
+        """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
+        with self._mutex:
+            claim.tenancy.claims.pop(claim.entry.key, None)
+            lost = _lose([claim], reason)
+        _notify(lost)
+
     # -- used by the renewer ------------------------------------------------
 
-    def renew(self) -> None:
+    def renew(self, until: float = float("inf")) -> None:
+        """Renew every lease that is due, expire every lease past its deadline, tidy; stop by ``until``."""
         self._tidy_queues()
+        now = time.monotonic()
+        lost: list[Claim] = []
         with self._mutex:
-            claims = list(self._claims.values())
-            lease = self._lease
-            if not claims or lease is None:
-                self.next_renewal = float("inf")
-                return
-            if time.monotonic() < self.next_renewal:
-                return  # woken to tidy only
-            deadline = self.deadline
-            expired = (
-                self._expire(f"no renewal succeeded within its {self.ttl}s TTL")
-                if time.monotonic() >= deadline
-                else None
-            )
-        if expired is not None:
-            _notify(expired)
-            return
+            for tenancy in list(self._tenancies):
+                if not tenancy.claims:
+                    if tenancy is not self._shared or now >= tenancy.deadline:
+                        self._drop(tenancy)  # idle: its keys are gone; an idle shared lease just lapses
+                elif now >= tenancy.deadline:
+                    lost += self._expire(tenancy, f"no renewal succeeded within its {self.server_ttl}s TTL")
+            due = [t for t in self._tenancies if t.claims and t.next_renewal <= now]
+        _notify(lost)
+        for tenancy in due:
+            if time.monotonic() >= until:
+                break  # the renewer's time slice is used up: other sessions go first, this one comes back
+            self._renew(tenancy, until)
+
+    def _renew(self, tenancy: Tenancy, until: float) -> None:
+        with self._mutex:
+            claims = list(tenancy.claims.values())
+            deadline = tenancy.deadline
+        stop_at = min(deadline, until)
+        lease = tenancy.lease
         sent = time.monotonic()
         try:
             gone = retry.run(
-                retry.renewal_policy(deadline, f"renewal of {len(claims)} entries (lease {lease.id})"),
+                retry.renewal_policy(stop_at, f"renewal of {len(claims)} entries (lease {lease.id})"),
                 lambda: self.backend.keep_alive(
                     lease,
                     [c.entry for c in claims],
-                    timeout=max(0.05, min(deadline - time.monotonic(), self.server_ttl / 3)),
+                    timeout=max(0.05, min(stop_at - time.monotonic(), self.server_ttl / 3)),
                 ),
                 self.backend.endpoints,
             )
         except BackendError as exc:
-            lost = []
             with self._mutex:
-                if time.monotonic() >= self.deadline:
-                    lost = self._expire(f"renewal failed until its deadline: {exc}")
+                if time.monotonic() >= tenancy.deadline:
+                    lost = self._expire(tenancy, f"renewal failed until its deadline: {exc}")
                 else:
+                    lost = []
                     logger.warning("renewal of lease %s failed (%s); trying again", lease.id, exc)
-                    self.next_renewal = time.monotonic() + min(0.5, self.server_ttl / 10)
+                    tenancy.next_renewal = time.monotonic() + min(0.5, self.server_ttl / 10)
             _notify(lost)
             return
         with self._mutex:
-            if self._lease is not lease:
-                return
             if lease.expired:
-                lost = self._expire("its lease expired on the server")
+                lost = self._expire(tenancy, "its lease expired on the server")
             elif time.monotonic() >= deadline:
                 # held already read False meanwhile: a late success must not bring the locks back
-                lost = self._expire("its renewal came back after the deadline")
+                lost = self._expire(tenancy, "its renewal came back after the deadline")
             else:
-                self._restart_clock(sent)
-                lost = [c for c in (self._claims.pop(key, None) for key in gone) if c is not None]
-                self._lose(lost, "its key was deleted or expired")
+                tenancy.restart_clock(sent, self.server_ttl, self.margin)
+                lost = _lose(
+                    [c for c in (tenancy.claims.pop(k, None) for k in gone) if c is not None],
+                    "its key was deleted or expired",
+                )
+            strays = self._strays(tenancy)
         _notify(lost)
+        for key in strays:
+            try:
+                self.backend.delete_stray(lease, key)
+                logger.info("deleted %s: left on lease %s by a failed delete or an interrupted join", key, lease.id)
+            except BackendError as exc:
+                logger.warning("could not delete stray %s on lease %s: %s", key, lease.id, exc)
+
+    # -- process life -------------------------------------------------------
+
+    def drop_all(self) -> None:
+        """Forget every claim without marking it lost (after fork: they are the parent's)."""
+        self._mutex = threading.Lock()  # another thread may have held these at the fork
+        self._granting = threading.Lock()
+        self._tenancies = []
+        self._shared = None
+        self._tidy = {}
+
+    def close(self) -> None:
+        """Mark every claim lost and revoke the leases (v3): their entries go at once."""
+        with self._mutex:
+            tenancies = list(self._tenancies)
+            lost = [c for t in tenancies for c in self._expire(t, "its session was closed")]
+        _notify(lost)
+        for tenancy in tenancies:
+            try:
+                self.backend.revoke(tenancy.lease)
+            except BackendError as exc:
+                logger.warning("could not revoke lease %s: %s", tenancy.lease.id, exc)
+
+    # -- internals --------------------------------------------------------------
+
+    def _tenancy_for_new_entry(self) -> Tenancy:
+        if self.backend.creating_renews:
+            return Tenancy(self.backend.grant(self.ttl))  # v2: every key is its own lease; no request
+        with self._granting:
+            with self._mutex:
+                shared = self._shared
+                if shared is not None and time.monotonic() < shared.deadline and not shared.lease.expired:
+                    return shared
+            sent = time.monotonic()
+            tenancy = Tenancy(self.backend.grant(self.ttl))
+            tenancy.restart_clock(sent, self.server_ttl, self.margin)
+            with self._mutex:
+                self._shared = tenancy
+                self._tenancies.append(tenancy)
+            return tenancy
 
     def _tidy_queues(self) -> None:
         now = time.monotonic()
@@ -210,75 +293,44 @@ class Session:
             due = [queue for queue, when in self._tidy.items() if when <= now]
             for queue in due:
                 del self._tidy[queue]
-            unused = [queue for queue in due if not self._in_use(queue)]
-        for queue in unused:
-            self.backend.forget_queue(queue)
+            in_use = {claim.queue for t in self._tenancies for claim in t.claims.values()}
+        for queue in due:
+            if queue not in in_use:
+                self.backend.forget_queue(queue)
 
-    def _in_use(self, queue: str) -> bool:
-        return any(claim.queue == queue for claim in self._claims.values())
+    def _strays(self, tenancy: Tenancy) -> list[str]:
+        """Keys the lease carries that no claim owns, seen by two renewals in a row (mutex held).
 
-    def mark_lost(self, claim: Claim, reason: str) -> None:
-        """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
-        with self._mutex:
-            self._claims.pop(claim.entry.key, None)
-            lost = self._lose([claim], reason)
-        _notify(lost)
+        A join in flight owns its key a moment after creating it; a key still unowned a renewal
+        later was left by a delete that failed or a join that was interrupted.
+        """
+        carried = tenancy.lease.keys
+        if carried is None:
+            return []
+        unowned = carried - tenancy.claims.keys()
+        tenancy.strays = {key: tenancy.strays.get(key, 0) + 1 for key in unowned}
+        return [key for key, seen in tenancy.strays.items() if seen >= 2]
 
-    def drop_all(self) -> None:
-        """Forget every claim without marking it lost (after fork: they are the parent's)."""
-        self._mutex = threading.Lock()  # another thread may have held it at the fork
-        with self._mutex:
-            self._claims.clear()
-            self._tidy.clear()
-            self._lease = None
-            self.next_renewal = float("inf")
+    def _drop(self, tenancy: Tenancy) -> None:
+        self._tenancies.remove(tenancy)
+        if tenancy is self._shared:
+            self._shared = None
 
-    def close(self) -> None:
-        with self._mutex:
-            lease = self._lease
-            lost = self._expire("its session was closed")
-        _notify(lost)
-        if lease is not None:
-            try:
-                self.backend.revoke(lease)
-            except BackendError as exc:
-                logger.warning("could not revoke lease %s: %s", lease.id, exc)
+    def _expire(self, tenancy: Tenancy, reason: str) -> list[Claim]:
+        """Every claim on ``tenancy`` is lost (mutex held). Returns the claims to notify."""
+        claims = list(tenancy.claims.values())
+        tenancy.claims.clear()
+        if tenancy in self._tenancies:
+            self._drop(tenancy)
+        return _lose(claims, reason)
 
-    # -- internals (called with self._mutex held) -----------------------------
 
-    def _current_lease(self) -> Lease:
-        with self._mutex:
-            if self._lease is not None and (
-                self._claims or time.monotonic() < self.deadline or self.backend.creating_renews
-            ):
-                return self._lease
-        sent = time.monotonic()
-        lease = self.backend.grant(self.ttl)
-        with self._mutex:
-            if self._lease is None or not self._claims:
-                self._lease = lease
-                self._restart_clock(sent)
-            return self._lease
-
-    def _restart_clock(self, sent: float) -> None:
-        self.deadline = sent + self.server_ttl - self.margin
-        self.next_renewal = sent + self.server_ttl / 3
-
-    def _expire(self, reason: str) -> list[Claim]:
-        """Every claim is lost; the next join starts a new lease. Returns the claims to notify."""
-        claims = list(self._claims.values())
-        self._claims.clear()
-        self._lease = None
-        self.next_renewal = float("inf")
-        return self._lose(claims, reason)
-
-    @staticmethod
-    def _lose(claims: list[Claim], reason: str) -> list[Claim]:
-        newly_lost = [claim for claim in claims if not claim.lost.is_set()]
-        for claim in newly_lost:
-            claim.lost_reason = reason
-            claim.lost.set()
-        return newly_lost
+def _lose(claims: list[Claim], reason: str) -> list[Claim]:
+    newly_lost = [claim for claim in claims if not claim.lost.is_set()]
+    for claim in newly_lost:
+        claim.lost_reason = reason
+        claim.lost.set()
+    return newly_lost
 
 
 def _notify(claims: list[Claim]) -> None:
@@ -320,14 +372,16 @@ class Renewer:
                     self._wakeup.wait(timeout=None if self._wake_at == float("inf") else self._wake_at - now)
                     continue
                 self._wake_at = now
+            # a session whose etcd hangs gets a slice at a time, not the thread: the others' renewals go on
+            slice_ = max(0.2, min(s.server_ttl for _, _, s in due) / 6)
             for when, _, session in due:
                 if when > time.monotonic():
                     break
                 try:
-                    session.renew()
+                    session.renew(until=time.monotonic() + slice_)
                 except Exception:  # the renewer must never die: every lock depends on it
                     logger.exception("renewal of a session failed unexpectedly")
-                    session.next_renewal = time.monotonic() + 0.5
+                    session.not_before = time.monotonic() + 0.5
 
 
 _renewer_instance: Renewer | None = None

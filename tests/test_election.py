@@ -143,3 +143,17 @@ def test_leader_whose_key_is_deleted_is_deposed_at_once(client):
         following = next(events)
     assert following == LeaderEvent("elected", "a")  # a candidate again, without a restart
     a.stop()
+
+
+def test_resign_in_the_background_campaigns_again(client):
+    a = Election(client, "again", identity="a", ttl=5)
+    b = Election(client, "again", identity="b", ttl=5)
+    a.start()
+    events = a.events()
+    assert next(events) == LeaderEvent("elected", "a")
+    b.start()
+    a.resign()  # b takes over; a queues again behind it
+    assert next(events) == LeaderEvent("changed", "b")
+    b.stop()  # b resigns: a leads again, without a restart
+    assert next(events) == LeaderEvent("elected", "a")
+    a.stop()

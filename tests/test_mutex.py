@@ -348,3 +348,75 @@ def test_on_lost_may_release_the_lock(client):
         lock.forfeit("deleted")  # v3 renewals keep the lease, not each key, alive: they cannot see a deleted key
     assert released.wait(10)
     assert not lock.held
+
+
+def test_locks_taken_at_once_by_many_threads_all_stay_exclusive(etcd_url):
+    """Concurrent first acquisitions on a fresh client must share one renewed lease (no lock on a forgotten one)."""
+    from celery_etcdlock import connect as fresh
+
+    ttl, names = 2, [f"burst-{i}" for i in range(6)]
+    mine = fresh(etcd_url)
+    start = threading.Barrier(len(names), timeout=20)
+    held: dict[str, Mutex] = {}
+
+    def take(name: str) -> None:
+        lock = Mutex(mine, name, ttl=ttl)
+        start.wait()
+        lock.acquire()
+        held[name] = lock
+
+    threads = [threading.Thread(target=take, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(held) == names
+    other = fresh(etcd_url)
+    results: dict[str, bool] = {}
+
+    def contend(name: str) -> None:
+        results[name] = Mutex(other, name, ttl=ttl).acquire(timeout=2 * ttl)
+
+    contenders = [threading.Thread(target=contend, args=(n,)) for n in names]
+    for t in contenders:
+        t.start()
+    for t in contenders:
+        t.join(30)
+    assert results == {n: False for n in names}, "a lock was taken while its holder still held it"
+    assert all(lock.held for lock in held.values())
+    for lock in held.values():
+        lock.release()
+    mine.close()
+    other.close()
+
+
+def test_a_key_left_on_a_live_lease_is_cleaned_up(client):
+    """v3: a key no lock owns (a failed delete, an interrupted join) must not live as long as the lease."""
+    if client.api != "v3":
+        pytest.skip("v2 keys have TTLs of their own: one nobody refreshes expires")
+    keeper = Mutex(client, "keeper", ttl=2)
+    keeper.acquire()  # keeps the session's lease alive throughout
+    session = client.session(2.0)
+    lease = next(t.lease for t in session._tenancies if t.claims)
+    client.backend.create_entry(f"{LOCKS}/{encode_name('orphaned')}", {"mode": "write"}, lease)
+    late = Mutex(client, "orphaned", ttl=2)
+    assert late.acquire(timeout=10), "the stray entry kept blocking the queue"
+    late.release()
+    assert keeper.held
+    keeper.release()
+
+
+def test_cancel_makes_a_waiting_acquire_give_up(client):
+    holder = Mutex(client, "cancel", ttl=5)
+    holder.acquire()
+    waiter = Mutex(client, "cancel", ttl=5)
+    outcome: list[bool] = []
+    thread = threading.Thread(target=lambda: outcome.append(waiter.acquire(timeout=60)))
+    thread.start()
+    wait_until(lambda: sum(map(len, client.backend.list_queues(LOCKS).values())) == 2, 10)
+    waiter.cancel()
+    # its entry leaves the queue at once, before the waiting thread notices
+    wait_until(lambda: sum(map(len, client.backend.list_queues(LOCKS).values())) == 1, 5)
+    holder.release()
+    thread.join(30)
+    assert outcome == [False] and not waiter.held

@@ -89,6 +89,7 @@ class Lease(abc.ABC):
 
     ttl: float
     expired: bool = False  # set by keep_alive when the server no longer knows the lease
+    keys: set[str] | None = None  # the keys the server says the lease carries (v3, set by keep_alive)
 
     @property
     @abc.abstractmethod
@@ -154,6 +155,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def revoke(self, lease: Lease) -> None:
         """Drop the lease and whatever it still carries (best effort)."""
+
+    def delete_stray(self, lease: Lease, key: str) -> None:  # noqa: B027 - v2 has no shared leases
+        """Delete ``key`` if it still rides on ``lease``: a key no claim owns (a failed delete, an
+        interrupted create) would otherwise live as long as the process renews the lease (v3)."""
 
     @property
     def creating_renews(self) -> bool:

@@ -183,7 +183,15 @@ class Etcd3Backend(Backend):
             lease.expired = True
             return {entry.key for entry in entries}
         alive = {self._relative(unb64(key)) for key in answer.get("keys", ())}
+        lease.keys = alive
         return {entry.key for entry in entries if entry.key not in alive}
+
+    def delete_stray(self, lease: Lease, key: str) -> None:
+        lease = self._own(lease)
+        full = b64(self._full(key))
+        # only while it still rides on our lease: the key's name is ours (lease id and nonce), and so is the key
+        compare = [{"key": full, "target": "LEASE", "result": "EQUAL", "lease": str(lease.lease_id)}]
+        self._retrying(f"delete stray {key}", lambda: self._txn(compare, [{"request_delete_range": {"key": full}}]))
 
     def revoke(self, lease: Lease) -> None:
         lease = self._own(lease)
