@@ -32,6 +32,7 @@ import enum
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -41,9 +42,13 @@ class Entry:
 
     key: str  # relative to the prefix, e.g. "locks/reports~2Fdaily/00000000000000000042"
     token: int  # creation number: queue order and fencing token
-    value: dict[str, Any]
-    raw: str = field(repr=False, compare=False, default="")  # the exact stored text
+    raw: str = field(repr=False, compare=False, default="")  # the exact stored text (a JSON object)
     ttl: float | None = field(compare=False, default=None)  # seconds left, where the read says
+
+    @cached_property
+    def value(self) -> dict[str, Any]:
+        # decoded on demand: a waiter reads the whole queue at every turn, but looks at few values
+        return decode_json(self.raw)
 
     @property
     def mode(self) -> str:

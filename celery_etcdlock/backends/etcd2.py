@@ -221,7 +221,7 @@ class Etcd2Backend(Backend):
                         return entry
             body, _ = self._request("POST", queue, {"value": raw, "ttl": server_ttl(lease.ttl)})
             node = body["node"]
-            return Entry(self._relative(node["key"]), int(node["createdIndex"]), value, raw)
+            return Entry(self._relative(node["key"]), int(node["createdIndex"]), raw)
 
         return self._retrying(f"create entry in {queue}", create)
 
@@ -241,13 +241,7 @@ class Etcd2Backend(Backend):
 
     def _entries(self, node: dict[str, Any]) -> list[Entry]:
         entries = [
-            Entry(
-                self._relative(child["key"]),
-                int(child["createdIndex"]),
-                decode_json(child.get("value")),
-                child.get("value", ""),
-                child.get("ttl"),
-            )
+            Entry(self._relative(child["key"]), int(child["createdIndex"]), child.get("value", ""), child.get("ttl"))
             for child in node.get("nodes", ())
             if not child.get("dir")
         ]

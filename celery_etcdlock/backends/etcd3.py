@@ -144,7 +144,7 @@ class Etcd3Backend(Backend):
 
     def _entry(self, kv: dict[str, Any]) -> Entry:
         raw = unb64(kv.get("value", ""))
-        return Entry(self._relative(unb64(kv["key"])), int(kv["create_revision"]), decode_json(raw), raw)
+        return Entry(self._relative(unb64(kv["key"])), int(kv["create_revision"]), raw)
 
     # -- leases -------------------------------------------------------------
 
@@ -250,7 +250,7 @@ class Etcd3Backend(Backend):
             answer = self._txn_with(lease, [_created_at(full, 0)], [_put(full, raw, lease)],
                                     [{"request_range": {"key": full}}])
             if answer.get("succeeded"):
-                return Entry(key, int(answer["header"]["revision"]), value, raw)
+                return Entry(key, int(answer["header"]["revision"]), raw)
             # a retry whose first attempt was applied: the unique key is there with our value
             kvs = answer["responses"][0]["response_range"].get("kvs", [])
             if kvs and unb64(kvs[0].get("value", "")) == raw and int(kvs[0].get("lease", 0)) == lease.lease_id:
