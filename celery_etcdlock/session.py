@@ -156,7 +156,7 @@ class Session:
     def leave(self, claim: Claim) -> bool:
         """Stop renewing ``claim`` and delete its entry (guarded). False if it was already gone."""
         with self._mutex:
-            claim.tenancy.claims.pop(claim.entry.key, None)
+            self._forget(claim)
         if claim.pid != os.getpid():
             return False  # a parent's entry, inherited through fork: not ours to delete
         try:
@@ -174,7 +174,7 @@ class Session:
     def mark_lost(self, claim: Claim, reason: str) -> None:
         """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
         with self._mutex:
-            claim.tenancy.claims.pop(claim.entry.key, None)
+            self._forget(claim)
             lost = _lose([claim], reason)
         _notify(lost)
 
@@ -310,6 +310,13 @@ class Session:
         unowned = carried - tenancy.claims.keys()
         tenancy.strays = {key: tenancy.strays.get(key, 0) + 1 for key in unowned}
         return [key for key, seen in tenancy.strays.items() if seen >= 2]
+
+    def _forget(self, claim: Claim) -> None:
+        """Stop renewing ``claim`` (mutex held); a lease that carries nothing else goes with it (v2)."""
+        tenancy = claim.tenancy
+        tenancy.claims.pop(claim.entry.key, None)
+        if not tenancy.claims and tenancy is not self._shared and tenancy in self._tenancies:
+            self._drop(tenancy)
 
     def _drop(self, tenancy: Tenancy) -> None:
         self._tenancies.remove(tenancy)
