@@ -30,10 +30,14 @@ The guarantee, exactly:
   A process sends a run only if its write succeeded *and* ``is_leader`` is
   still true afterwards, and ``is_leader`` turns false locally before the TTL
   can lapse on the server. **A deposed leader (paused, partitioned, cut off
-  from etcd) therefore neither writes nor sends**; the one exception is a
-  process frozen in the instant between that last check and the publish to
-  the broker, which publishes that one run late when it resumes: a run it
-  recorded while leading, which no other leader sends again.
+  from etcd) therefore never sends**, and in v3 never writes. In v2 a write
+  that was being retried across the deposition can still land before the new
+  leader's take-over write; that run is then recorded but not sent (the
+  sender re-checks ``is_leader``), so it is lost, never doubled. The one
+  exception to "never sends" is a process frozen in the instant between that
+  last check and the publish to the broker, which publishes that one run late
+  when it resumes: a run it recorded while leading, which no other leader
+  sends again.
 - A run that fell due while no leader was up is sent once by the next leader,
   as soon as it takes over (Celery's own catch-up rule: one overdue run, not
   one per missed interval).

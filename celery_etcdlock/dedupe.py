@@ -23,6 +23,7 @@ from typing import Any
 
 from celery.utils.log import get_logger
 from celery.utils.time import maybe_make_aware
+from kombu import serialization
 
 from .client import Client
 from .errors import EtcdLockError, TaskLocked
@@ -82,6 +83,12 @@ class EnqueueMarkers:
             if task_id:
                 return str(task_id)
         return None
+
+
+def as_delivered(value: Any, serializer: str | None) -> Any:
+    """``value`` after the round trip through the task's serializer that a worker will see."""
+    content_type, encoding, data = serialization.dumps(value, serializer=serializer)
+    return serialization.loads(data, content_type, encoding, accept={content_type})
 
 
 def enqueue_delay(options: dict[str, Any], now: Callable[[], datetime.datetime]) -> float:

@@ -73,7 +73,7 @@ class Election:
         self._events: queue.Queue[object] = queue.Queue()
         self._stopping = threading.Event()
         self._wake = threading.Event()  # set when this leader is deposed, resigns or is asked to stop
-        self._resigned = False
+        self._resignations = 0  # counts resign() calls: a campaign that raced one does not lead
         self._emitting = threading.Lock()
         self._leading = False  # "elected" was emitted and no "deposed" since
         self._threads: list[threading.Thread] = []
@@ -111,7 +111,7 @@ class Election:
 
         After ``start()``, the node then campaigns again, at the back of the queue.
         """
-        self._resigned = True
+        self._resignations += 1
         with self._emitting:
             self._leading = False  # resigning is not being deposed: no event
         self._lock.cancel()
@@ -163,6 +163,7 @@ class Election:
 
     def _campaign_loop(self) -> None:
         while not self._stopping.is_set():
+            resignations = self._resignations
             try:
                 if not self.campaign():
                     continue  # cancelled by resign() or stop()
@@ -171,14 +172,17 @@ class Election:
                 self._emit(ERROR, None)
                 self._stopping.wait(min(1.0, self.ttl / 3))
                 continue
+            if self._stopping.is_set() or self._resignations != resignations:
+                # stop() or resign() came during the campaign's last step: hand over at once
+                with contextlib.suppress(NotHeld):
+                    self._lock.release()
+                continue
             logger.info("election %s: %s elected (token %s)", self.name, self.identity, self._lock.token)
-            self._resigned = False
             self._emit(ELECTED, self.identity)
-            while self._lock.held and not self._stopping.is_set() and not self._resigned:
+            while self._lock.held and not self._stopping.is_set() and self._resignations == resignations:
                 self._wake.wait(timeout=self.ttl / 3)  # woken on loss; the timeout is a safety net
                 self._wake.clear()
-            if self._stopping.is_set() or self._resigned:
-                self._resigned = False
+            if self._stopping.is_set() or self._resignations != resignations:
                 continue
             logger.warning("election %s: %s deposed; campaigning again", self.name, self.identity)
             self._emit(DEPOSED, None)  # unless _deposed or the observer said it first
@@ -191,6 +195,8 @@ class Election:
             try:
                 mine = self._lock.fence_entry  # before the read: leadership won after it is not judged by it
                 snapshot = backend.read_queue(self._lock.queue)
+                if mine is not None and snapshot.find(mine.token) is None:
+                    snapshot = backend.read_queue(self._lock.queue, fresh=True)  # not a lagging member's view
                 if mine is not None and snapshot.find(mine.token) is None:
                     # our key was deleted (an operator's force-release): stop leading now, not at the next renewal
                     self._lock.forfeit("its key was deleted", mine)
@@ -215,8 +221,7 @@ class Election:
                 self._stopping.wait(min(1.0, self.ttl / 3))
 
     def _deposed(self, _lock: QueueLock) -> None:
-        if not self._resigned:
-            self._emit(DEPOSED, None)
+        self._emit(DEPOSED, None)  # a no-op after resign(), which is not being deposed
         self._wake.set()
 
     def __repr__(self) -> str:

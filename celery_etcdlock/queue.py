@@ -243,6 +243,8 @@ class QueueLock:
                         self._session.leave(claim)
                         return False
                     logger.info("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
+                    if claim.lost.is_set():  # lost in the instant before it became ours: _lost skipped it
+                        self._lost(claim.lost_reason or "lost")
                     return True
                 if not self._wait_for(blocker, snapshot.revision, deadline, claim):
                     self._session.leave(claim)

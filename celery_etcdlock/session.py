@@ -27,6 +27,7 @@ its own on first use (see ``Client``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -79,7 +80,12 @@ class Claim:
 
     @property
     def alive(self) -> bool:
-        return not self.lost.is_set() and self.pid == os.getpid() and time.monotonic() < self.tenancy.deadline
+        return (
+            not self.lost.is_set()
+            and self.pid == os.getpid()
+            and not self.tenancy.lease.expired
+            and time.monotonic() < self.tenancy.deadline
+        )
 
     def __repr__(self) -> str:
         return f"<Claim {self.entry.key} token={self.entry.token} alive={self.alive}>"
@@ -94,6 +100,8 @@ class Tenancy:
         self.deadline = 0.0  # monotonic: the server cannot expire the lease's entries before it
         self.next_renewal = float("inf")
         self.strays: dict[str, int] = {}  # keys on the lease that no claim owns -> renewals that saw them
+        self.joining = 0  # joins in flight: their keys may be on the lease before their claims exist
+        self.dropped = False  # expired or idle: no claim may join it any more
 
     def restart_clock(self, sent: float, server_ttl: int, margin: float) -> None:
         self.deadline = sent + server_ttl - margin
@@ -139,16 +147,30 @@ class Session:
                 entry, snapshot = self.backend.join_queue(queue, value, tenancy.lease)
             except LeaseExpired:
                 with self._mutex:
+                    tenancy.joining -= 1
                     lost = self._expire(tenancy, "its lease expired on the server")
                 _notify(lost)
                 continue
+            except BaseException:
+                with self._mutex:
+                    tenancy.joining -= 1  # its key, if created, is a stray now: a renewal deletes it
+                raise
             with self._mutex:
-                self._tidy.pop(queue, None)
-                if self.backend.creating_renews:  # v2: the entry's own TTL starts now
-                    tenancy.restart_clock(sent, self.server_ttl, self.margin)
-                    self._tenancies.append(tenancy)
-                claim = Claim(tenancy, queue, entry, on_lost)
-                tenancy.claims[entry.key] = claim
+                tenancy.joining -= 1
+                if tenancy.dropped or tenancy.lease.expired:
+                    stale = True  # the lease was revoked or expired while the join was in flight
+                else:
+                    stale = False
+                    self._tidy.pop(queue, None)
+                    if self.backend.creating_renews:  # v2: the entry's own TTL starts now
+                        tenancy.restart_clock(sent, self.server_ttl, self.margin)
+                        self._tenancies.append(tenancy)
+                    claim = Claim(tenancy, queue, entry, on_lost)
+                    tenancy.claims[entry.key] = claim
+            if stale:
+                with contextlib.suppress(BackendError):
+                    self.backend.delete_entry(entry)
+                continue
             _renewer().schedule(self)
             return claim, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
@@ -203,7 +225,8 @@ class Session:
         with self._mutex:
             claims = list(tenancy.claims.values())
             deadline = tenancy.deadline
-        stop_at = min(deadline, until)
+        # the slice decides whether a renewal starts; once started, it gets at least one renewal period
+        stop_at = min(deadline, max(until, time.monotonic() + self.server_ttl / 3))
         lease = tenancy.lease
         sent = time.monotonic()
         try:
@@ -272,16 +295,27 @@ class Session:
     # -- internals --------------------------------------------------------------
 
     def _tenancy_for_new_entry(self) -> Tenancy:
+        """The tenancy a new entry goes on, with the join counted in (``joining``)."""
         if self.backend.creating_renews:
-            return Tenancy(self.backend.grant(self.ttl))  # v2: every key is its own lease; no request
+            tenancy = Tenancy(self.backend.grant(self.ttl))  # v2: every key is its own lease; no request
+            tenancy.joining = 1
+            return tenancy
         with self._granting:
             with self._mutex:
                 shared = self._shared
-                if shared is not None and time.monotonic() < shared.deadline and not shared.lease.expired:
+                # an idle lease is not renewed: reuse it only while a renewal can still land in time
+                if (
+                    shared is not None
+                    and not shared.dropped
+                    and not shared.lease.expired
+                    and time.monotonic() < shared.deadline - self.server_ttl / 3
+                ):
+                    shared.joining += 1
                     return shared
             sent = time.monotonic()
             tenancy = Tenancy(self.backend.grant(self.ttl))
             tenancy.restart_clock(sent, self.server_ttl, self.margin)
+            tenancy.joining = 1
             with self._mutex:
                 self._shared = tenancy
                 self._tenancies.append(tenancy)
@@ -307,6 +341,9 @@ class Session:
         carried = tenancy.lease.keys
         if carried is None:
             return []
+        if tenancy.joining:  # a join in flight may own an unclaimed key: judge nothing this time
+            tenancy.strays.clear()
+            return []
         unowned = carried - tenancy.claims.keys()
         tenancy.strays = {key: tenancy.strays.get(key, 0) + 1 for key in unowned}
         return [key for key, seen in tenancy.strays.items() if seen >= 2]
@@ -319,6 +356,7 @@ class Session:
             self._drop(tenancy)
 
     def _drop(self, tenancy: Tenancy) -> None:
+        tenancy.dropped = True
         self._tenancies.remove(tenancy)
         if tenancy is self._shared:
             self._shared = None
@@ -327,6 +365,8 @@ class Session:
         """Every claim on ``tenancy`` is lost (mutex held). Returns the claims to notify."""
         claims = list(tenancy.claims.values())
         tenancy.claims.clear()
+        tenancy.deadline = float("-inf")  # any claim still pointing here reads not alive
+        tenancy.dropped = True
         if tenancy in self._tenancies:
             self._drop(tenancy)
         return _lose(claims, reason)
@@ -380,7 +420,7 @@ class Renewer:
                     continue
                 self._wake_at = now
             # a session whose etcd hangs gets a slice at a time, not the thread: the others' renewals go on
-            slice_ = max(0.2, min(s.server_ttl for _, _, s in due) / 6)
+            slice_ = max(0.2, min(s.server_ttl for when, _, s in due if when <= now) / 6)
             for when, _, session in due:
                 if when > time.monotonic():
                     break

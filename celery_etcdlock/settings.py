@@ -58,9 +58,15 @@ class Settings:
             prefix=None if get("etcdlock_prefix") is None else str(get("etcdlock_prefix")),
             ttl=check_ttl(get("etcdlock_ttl"), "etcdlock_ttl"),
             beat_ttl=check_ttl(get("etcdlock_beat_ttl"), "etcdlock_beat_ttl"),
-            retry_max_delay=float(get("etcdlock_retry_max_delay")),
+            retry_max_delay=_seconds(get("etcdlock_retry_max_delay"), "etcdlock_retry_max_delay"),
             beat_name=str(get("etcdlock_beat_name") or app.main or "celery"),
         )
+
+
+def _seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
+    return float(value)
 
 
 _clients: dict[tuple[str, str | None, float], Client] = {}
@@ -74,7 +80,9 @@ def client_for(app: Any) -> Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = connect(
-                settings.url, prefix=settings.prefix, retry_max_delay=settings.retry_max_delay
-            )
+            try:
+                client = connect(settings.url, prefix=settings.prefix, retry_max_delay=settings.retry_max_delay)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"etcdlock_url / etcdlock_prefix: {exc}") from None
+            _clients[key] = client
         return client

@@ -37,12 +37,12 @@ from typing import Any, Protocol, TypeVar, overload
 import celery
 from celery import shared_task, signals
 from celery.backends.base import DisabledBackend
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
 from .client import Client
-from .dedupe import EnqueueMarkers, enqueue_delay
+from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay
 from .errors import EtcdLockError, LockLost, TaskLocked
 from .mutex import Mutex
 from .rwlock import RWLock
@@ -151,13 +151,15 @@ class SingletonTask(celery.Task):
         lock = self._new_lock(client, name, ttl, on_lost, data)
         if not self._acquire(lock, client, name, task_id, hostname):
             return None
-        self._forget_marker(client, name, task_id)
-        logger.debug("task %s[%s] on %s holds %s (token %s)", self.name, task_id, hostname, name, lock.token)
-        _running.stack.append((self, lock))
-        try:
-            result = super().__call__(*args, **kwargs)
+        try:  # from the moment the lock is held: anything raised below (a soft time limit, too) releases it
+            self._forget_marker(client, name, task_id)
+            logger.debug("task %s[%s] on %s holds %s (token %s)", self.name, task_id, hostname, name, lock.token)
+            _running.stack.append((self, lock))
+            try:
+                result = super().__call__(*args, **kwargs)
+            finally:
+                _running.stack.pop()
         finally:
-            _running.stack.pop()
             kept = lock.held and not lost.is_set()
             _release(lock, name, task_id, hostname)
         if not kept:
@@ -206,10 +208,16 @@ class SingletonTask(celery.Task):
                 "task %s[%s] found %s held by %s; retrying in %ss",
                 self.name, task_id, name, holder, self.retry_countdown,
             )
-            raise self.retry(
-                countdown=self.retry_countdown,
-                exc=TaskLocked(f"{name} is held by {holder}", lock_name=name, holder=_first(holders)),
-            )
+            try:
+                raise self.retry(
+                    countdown=self.retry_countdown,
+                    exc=TaskLocked(f"{name} is held by {holder}", lock_name=name, holder=_first(holders)),
+                )
+            except Retry:
+                raise
+            except BaseException:  # retries used up: this instance will not run, so it is not queued either
+                self._forget_marker(client, name, task_id)
+                raise
         self._forget_marker(client, name, task_id)
         if self.on_conflict == "raise":
             raise TaskLocked(
@@ -252,7 +260,9 @@ class SingletonTask(celery.Task):
         if not self.dedupe_enqueue or self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         check_class_options(type(self))
-        name = self.lock_name_for(tuple(args or ()), dict(kwargs or {}))
+        # name the marker from the arguments as the worker will see them (a tuple arrives as a list in JSON)
+        seen_args, seen_kwargs = as_delivered((args or (), kwargs or {}), options.get("serializer") or self.serializer)
+        name = self.lock_name_for(tuple(seen_args), dict(seen_kwargs))
         markers = EnqueueMarkers(_client(self.app))
         task_id = task_id or celery.uuid()
         ttl = self.dedupe_ttl + enqueue_delay(options, self.app.now)
@@ -443,6 +453,16 @@ def _finished(task: SingletonTask, task_id: str, patience: float = 2.0) -> bool:
 # holds nothing. revoke(terminate=True) and the soft time limit raise in the
 # child (billiard turns SIGTERM into SystemExit), so __call__'s finally
 # releases the lock; SIGKILL and the hard time limit leave it to the TTL.
+
+
+@signals.task_revoked.connect(weak=False)
+def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked or expired message never runs: its enqueue marker must not keep others out."""
+    if not isinstance(sender, SingletonTask) or not sender.dedupe_enqueue or request is None or not request.id:
+        return
+    with contextlib.suppress(Exception):  # never fail the worker's revoke handling
+        name = sender.lock_name_for(tuple(request.args or ()), dict(request.kwargs or {}))
+        EnqueueMarkers(_client(sender.app)).forget(name, request.id)
 
 
 @signals.worker_process_shutdown.connect(weak=False)

@@ -188,7 +188,11 @@ class Backend(abc.ABC):
         A backend that can do both in one round trip (a v3 transaction) overrides this.
         """
         entry = self.create_entry(queue, value, lease)
-        return entry, self.read_queue(queue)
+        try:
+            return entry, self.read_queue(queue)
+        except BaseException:
+            self.delete_entry(entry)  # nobody holds it yet: it must not block the queue until its TTL
+            raise
 
     @abc.abstractmethod
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:

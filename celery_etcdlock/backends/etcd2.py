@@ -341,13 +341,21 @@ class Etcd2Backend(Backend):
         else:
             params["prevIndex"] = expect.version
 
+        attempts = 0
+
         def put() -> Record | None:
+            nonlocal attempts
+            attempts += 1
             try:
                 body, _ = self._request("PUT", key, params)
             except _Failure as exc:
-                if exc.code in (_COMPARE_FAILED, _ALREADY_EXISTS, _NOT_FOUND, _NOT_A_FILE):
-                    return None
-                raise
+                if exc.code not in (_COMPARE_FAILED, _ALREADY_EXISTS, _NOT_FOUND, _NOT_A_FILE):
+                    raise
+                if attempts > 1:  # a lost first attempt may have been applied: our value there is a success
+                    current = self.get_record(key)
+                    if current is not None and encode_json(current.value) == params["value"]:
+                        return current
+                return None
             return self._record(body["node"])
 
         return self._retrying(f"write {key}", put)
