@@ -360,3 +360,31 @@ def test_dedupe_marker_of_a_lost_message_expires(broker: str, etcd: Any) -> None
     while deduped.apply_async(("t",), queue="elsewhere").id == first.id:
         assert time.monotonic() < deadline, "the enqueue marker never expired"
         time.sleep(0.2)
+
+
+@singleton_task(app=app, key="{pair}", dedupe_enqueue=True, dedupe_ttl=30)
+def paired(pair: Any) -> Any:
+    return pair
+
+
+def test_dedupe_marker_is_named_as_the_worker_will_name_the_lock(broker: str, etcd: Any) -> None:
+    """A tuple argument arrives as a list (JSON): the marker must carry the run's lock name."""
+    from celery_etcdlock.dedupe import EnqueueMarkers
+
+    sent = paired.apply_async(((1, 2),), queue=f"nobody-{uuid.uuid4().hex}")
+    as_run = paired.lock_name_for(([1, 2],), {})
+    marker = EnqueueMarkers(etcd).store.get(as_run)
+    assert marker is not None and marker.value["task_id"] == sent.id
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("etcdlock_retry_max_delay", "soon"), ("etcdlock_retry_max_delay", -1), ("etcdlock_ttl", 0)],
+)
+def test_bad_settings_are_named(setting: str, value: Any) -> None:
+    from celery_etcdlock.settings import Settings
+
+    local = celery.Celery("settings", set_as_current=False)
+    local.conf[setting] = value
+    with pytest.raises((ValueError, TypeError), match=setting):
+        Settings.from_app(local)
