@@ -16,9 +16,16 @@ from typing import Any
 
 from celery_etcdlock import Election, Mutex, RWLock, connect
 
+_stdout = threading.Lock()
+
 
 def say(*parts: object) -> None:
-    print(*parts, f"wall={time.time():.6f}", flush=True)
+    # one write per line, under a lock: print() writes each part apart, and the
+    # threads of a role (events, LEADING reports) would splice their lines
+    line = " ".join(map(str, (*parts, f"wall={time.time():.6f}"))) + "\n"
+    with _stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def _lock(args: dict[str, Any], on_lost: Any = None) -> Any:

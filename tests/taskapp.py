@@ -33,7 +33,6 @@ REDIS_URL = os.environ.get("ETCDLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
 SHORT_TTL = 2  # the lock TTL of the tasks that tests kill or stop
 
 
-
 def _prefix(url: str) -> str:
     return parse_qs(urlsplit(url).query).get("prefix", ["/celery-etcdlock"])[0]
 

@@ -254,8 +254,12 @@ def test_schedule_changes_apply_when_a_leader_takes_over(etcd_url, redis_url, sc
     url = etcd_url
     app = make_app(url, redis_url, {"a": {"task": "t", "schedule": 0.1}, "b": {"task": "t", "schedule": 0.1}})
     old = scheduler_for(schedulers, app, url, "old:1")
-    tick_until(old, lambda: old.is_leader and state(app, old._client())["entries"]["a"]["total_run_count"] >= 2,
-               20, "runs of a")
+    tick_until(
+        old,
+        lambda: old.is_leader and state(app, old._client())["entries"]["a"]["total_run_count"] >= 2,
+        20,
+        "runs of a",
+    )
     old.close()
     count_a = state(app, old._client())["entries"]["a"]["total_run_count"]
     app.conf.beat_schedule = {"a": {"task": "t", "schedule": 60.0}, "c": {"task": "t", "schedule": 60.0}}
@@ -274,8 +278,13 @@ def test_interval_crontab_and_solar_entries_keep_their_state(etcd_url, redis_url
     from celery.schedules import crontab, solar
 
     schedule = {
-        "interval": {"task": "t", "schedule": timedelta(minutes=5), "args": (1, "x"), "kwargs": {"k": [1]},
-                     "options": {"expires": 60}},
+        "interval": {
+            "task": "t",
+            "schedule": timedelta(minutes=5),
+            "args": (1, "x"),
+            "kwargs": {"k": [1]},
+            "options": {"expires": 60},
+        },
         "cron": {"task": "t", "schedule": crontab(minute="*/15")},
         "solar": {"task": "t", "schedule": solar("sunset", 48.85, 2.35)},
     }
@@ -298,8 +307,13 @@ def test_unusable_stored_state_is_ignored_not_fatal(etcd_url, redis_url, schedul
     url = etcd_url
     app = make_app(url, redis_url, {"a": {"task": "t", "schedule": 60.0}, "b": {"task": "t", "schedule": 60.0}})
     store = DocumentStore(connect(url), STATE_KIND)
-    garbage = {"token": "x", "entries": {"a": {"last_run_at": "yesterday"}, "b": {"last_run_at": "2020-01-01T00:00:00",
-                                                                                "total_run_count": -1}}}
+    garbage = {
+        "token": "x",
+        "entries": {
+            "a": {"last_run_at": "yesterday"},
+            "b": {"last_run_at": "2020-01-01T00:00:00", "total_run_count": -1},
+        },
+    }
     assert store.put(beat_name(app), garbage, expect=None)
     s = scheduler_for(schedulers, app, url, "s:1")
     tick_until(s, lambda: s.is_leader, 20, "the leader")
@@ -351,20 +365,38 @@ class Beats:
     def _spawn(self, role: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.tmp / f"{role}-{len(self.logs) + len(self.others)}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([CELERY, "-A", "tests.beatapp", *args], cwd=ROOT, env=self.env,
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [CELERY, "-A", "tests.beatapp", *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         return proc, log
 
     def start_beat(self) -> str:
-        proc, log = self._spawn("beat", ["beat", "-S", "celery_etcdlock.beat:LeaderScheduler", "-l", "info",
-                                         "-s", str(self.tmp / f"unused-{unique()}")])
+        proc, log = self._spawn(
+            "beat",
+            [
+                "beat",
+                "-S",
+                "celery_etcdlock.beat:LeaderScheduler",
+                "-l",
+                "info",
+                "-s",
+                str(self.tmp / f"unused-{unique()}"),
+            ],
+        )
         identity = f"{HOST}:{proc.pid}"
         self.beats[identity], self.logs[identity] = proc, log
         return identity
 
     def start_worker(self) -> None:
-        proc, log = self._spawn("worker", ["worker", "-P", "solo", "-l", "warning", "--without-heartbeat",
-                                           "--without-gossip", "--without-mingle"])
+        proc, log = self._spawn(
+            "worker",
+            ["worker", "-P", "solo", "-l", "warning", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+        )
         self.others.append(proc)
         self.logs[f"worker-{proc.pid}"] = log
 
@@ -392,8 +424,14 @@ class Beats:
 
     def settle(self) -> None:
         """Wait until the worker recorded every message the beats published."""
-        wait_until(lambda: len(self.runs("every")) + len(self.runs("cron")) >= len(
-            [p for p in self.published() if p[0] in ("every", "cron")]), 30, "the worker to catch up")
+        wait_until(
+            lambda: (
+                len(self.runs("every")) + len(self.runs("cron"))
+                >= len([p for p in self.published() if p[0] in ("every", "cron")])
+            ),
+            30,
+            "the worker to catch up",
+        )
 
     def check_no_doubles(self, entry: str = "every", interval: float = 1.0) -> list[dict[str, Any]]:
         runs = self.runs(entry)
@@ -437,8 +475,9 @@ def make_beats(tmp_path: Path) -> Iterator[Callable[..., Beats]]:
         print(beats.dump())  # shown by pytest when the test failed
 
 
-def start(make_beats: Callable[..., Beats], etcd_url: str, redis_url: str, n: int, ttl: float,
-          schedule: str = "every") -> Beats:
+def start(
+    make_beats: Callable[..., Beats], etcd_url: str, redis_url: str, n: int, ttl: float, schedule: str = "every"
+) -> Beats:
     beats = make_beats(etcd_url, redis_url, ttl, schedule)
     for _ in range(n):
         beats.start_beat()
@@ -486,8 +525,11 @@ def test_sigstop_leader_resumes_as_follower_and_sends_nothing(etcd_url, redis_ur
     wait_until(lambda: len(beats.runs()) >= 2, 30, "2 runs")
     beats.signal(leader, signal.SIGSTOP)
     stopped_at = time.time()
-    wait_until(lambda: [r for r in beats.runs_after(stopped_at) if r["sender"] != leader], ttl + 15,
-               "the other beat to take over")
+    wait_until(
+        lambda: [r for r in beats.runs_after(stopped_at) if r["sender"] != leader],
+        ttl + 15,
+        "the other beat to take over",
+    )
     beats.signal(leader, signal.SIGCONT)
     resumed_at = time.time()
     wait_until(lambda: len(beats.runs_after(resumed_at)) >= 4, 30, "4 runs after the resume")
@@ -549,13 +591,16 @@ def test_crontab_run_due_during_failover_is_sent_exactly_once(etcd_url, redis_ur
     leader = beats.runs()[-1]["sender"]
     beats.signal(leader, signal.SIGKILL)
     killed_at = time.time()
-    cron = wait_until(lambda: [r for r in beats.runs("cron") if r["sent_at"] >= boundary - 2], ttl + 20,
-                      "the crontab run")
+    cron = wait_until(
+        lambda: [r for r in beats.runs("cron") if r["sent_at"] >= boundary - 2], ttl + 20, "the crontab run"
+    )
     wait_until(lambda: len(beats.runs_after(cron[0]["sent_at"])) >= 3, 30, "3 more runs of every")
     beats.settle()
     cron = [r for r in beats.runs("cron") if r["sent_at"] >= boundary - 2]
-    print(f"SIGKILL {boundary - killed_at:.2f}s before the minute; crontab run sent "
-          f"{cron[0]['sent_at'] - boundary:.2f}s after it by {cron[0]['sender']} (killed {leader})")
+    print(
+        f"SIGKILL {boundary - killed_at:.2f}s before the minute; crontab run sent "
+        f"{cron[0]['sent_at'] - boundary:.2f}s after it by {cron[0]['sender']} (killed {leader})"
+    )
     assert len(cron) == 1, cron
     if killed_at < boundary:  # the usual case: it fell due while nobody led
         assert cron[0]["sender"] != leader

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from celery_etcdlock import Election, LeaderEvent
+from celery_etcdlock.keys import ELECTIONS, queue_key
 from tests.agents import agent, walls
 from tests.servers import wait_until
 
@@ -36,6 +37,7 @@ def test_events_sequence(client):
     b.start()
     events_b = b.events()
     assert next(events_b) == LeaderEvent("changed", "a")
+    wait_until(lambda: queued(client, "ev") == 2, 10)  # else a's going would leave nobody to lead
     a.stop()  # resigns: b leads at once
     assert list(events_a) == []  # ended by stop(), nothing more after it
     assert next(events_b) == LeaderEvent("elected", "b")
@@ -52,14 +54,37 @@ def test_bad_input(client):
         Election(client, "", identity="a", ttl=5)
 
 
+def queued(client, name):
+    """How many candidates are in the election's queue (the leader and those behind it)."""
+    return len(client.backend.read_queue(queue_key(ELECTIONS, name)).entries)
+
+
 @contextlib.contextmanager
 def candidates(url, n, ttl, **extra):
     procs = [agent("elect", url=url, name="cluster", identity=f"node-{i}", ttl=ttl, **extra) for i in range(n)]
     try:
         yield procs
+    except BaseException:
+        for p in procs:  # what each candidate said, for the failure report (LEADING lines folded)
+            print(f"--- {p!r}:", *_folded(p.lines), sep="\n")
+        raise
     finally:
         for p in procs:
             p.kill()
+
+
+def _folded(lines):
+    folded, run = [], 0
+    for line in [*lines, ""]:
+        if line.startswith("LEADING"):
+            run += 1
+            continue
+        if run:
+            folded.append(f"... LEADING x{run}")
+            run = 0
+        if line:
+            folded.append(line)
+    return folded
 
 
 def leader_of(procs):
@@ -128,8 +153,6 @@ def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
 
 
 def test_leader_whose_key_is_deleted_is_deposed_at_once(client):
-    from celery_etcdlock.keys import ELECTIONS
-
     a = Election(client, "forced", identity="a", ttl=30)  # a renewal would notice only after 10 s
     a.start()
     events = a.events()
@@ -152,8 +175,10 @@ def test_resign_in_the_background_campaigns_again(client):
     events = a.events()
     assert next(events) == LeaderEvent("elected", "a")
     b.start()
+    wait_until(lambda: queued(client, "again") == 2, 10)
     a.resign()  # b takes over; a queues again behind it
     assert next(events) == LeaderEvent("changed", "b")
+    wait_until(lambda: queued(client, "again") == 2, 10)
     b.stop()  # b resigns: a leads again, without a restart
     assert next(events) == LeaderEvent("elected", "a")
     a.stop()

@@ -591,8 +591,9 @@ def test_a_watch_whose_server_dies_is_backend_unavailable(own_etcd: EtcdServer) 
     assert own_etcd.endpoint in str(errors[0])
 
 
-def test_tokens_lost_in_a_restart_are_renewed(auth_server: EtcdServer, prefix: str,
-                                              requests_sent: Counter[str]) -> None:
+def test_tokens_lost_in_a_restart_are_renewed(
+    auth_server: EtcdServer, prefix: str, requests_sent: Counter[str]
+) -> None:
     b = make(auth_server.url(prefix=prefix), retry_max_delay=30)
     entry = b.create_entry("locks/q", {}, b.grant(60))
     auth_server.restart()  # simple tokens live in memory only
