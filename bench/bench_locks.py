@@ -655,7 +655,7 @@ class Bench:
         for api, why in self.unavailable.items():
             if why and api in settings.apis:
                 self.note(f"celery_etcdlock on {api} not benchmarked: {why}")
-        self.tmp = tempfile.mkdtemp(prefix="etcdlock-bench-counters-")
+        self.tmp = tempfile.mkdtemp(prefix="counters-", dir=servers.workdir)  # removed with the servers
 
     def note(self, text: str) -> None:
         self.results["notes"].append(text)
