@@ -224,12 +224,14 @@ class LeaderScheduler(Scheduler):
         try:
             election.stop()
         except BackendError as exc:
-            logger.warning("beat %s: could not resign (%s); leadership lapses within %gs",
-                           self.identity, exc, self.beat_ttl)
+            logger.warning(
+                "beat %s: could not resign (%s); leadership lapses within %gs", self.identity, exc, self.beat_ttl
+            )
         else:
             if was_leader:
-                logger.info("beat %s: resigned leadership of beat/%s (token %s)",
-                            self.identity, self.name, self._leading_token)
+                logger.info(
+                    "beat %s: resigned leadership of beat/%s (token %s)", self.identity, self.name, self._leading_token
+                )
         self._leading_token = None
 
     # -- leadership -------------------------------------------------------------
@@ -269,13 +271,18 @@ class LeaderScheduler(Scheduler):
             if event.kind == "elected":
                 logger.info("beat %s: elected leader of beat/%s (token %s)", self.identity, self.name, election.token)
             elif event.kind == "deposed":
-                logger.warning("beat %s: lost leadership of beat/%s (token %s); stopped sending, campaigning again",
-                               self.identity, self.name, self._leading_token)
+                logger.warning(
+                    "beat %s: lost leadership of beat/%s (token %s); stopped sending, campaigning again",
+                    self.identity,
+                    self.name,
+                    self._leading_token,
+                )
             elif event.kind == "changed":
                 logger.info("beat %s: the leader of beat/%s is now %s", self.identity, self.name, event.leader)
             elif event.kind == "error":
-                logger.warning("beat %s: election beat/%s: %s",
-                               self.identity, self.name, getattr(event, "error", event))
+                logger.warning(
+                    "beat %s: election beat/%s: %s", self.identity, self.name, getattr(event, "error", event)
+                )
             self._wake.set()
 
     def _stand_by(self, election: Election) -> float:
@@ -310,8 +317,14 @@ class LeaderScheduler(Scheduler):
                         # A later leader's token, or a state copied from another cluster (tokens are revisions
                         # of the cluster that wrote them). Not a reason to stand down: the compare-and-swap on
                         # the version below is what keeps two leaders from both recording a run.
-                        logger.warning("beat %s: beat/%s was last written by %s with token %s > ours %s",
-                                       self.identity, self.name, previous.get("leader"), stored_token, token)
+                        logger.warning(
+                            "beat %s: beat/%s was last written by %s with token %s > ours %s",
+                            self.identity,
+                            self.name,
+                            previous.get("leader"),
+                            stored_token,
+                            token,
+                        )
                     document, adopted = self._merged_state(previous, token)
                     written = self._store.put(self.name, document, expect=stored, fence=election)
                 finally:
@@ -329,12 +342,19 @@ class LeaderScheduler(Scheduler):
             self._state = written
             self._leading_token = token
             self._heap = None  # recompute every entry's next run from the adopted state
-            logger.info("beat %s: leading beat/%s with token %s (previous leader %s, token %s); sending %d entries",
-                        self.identity, self.name, token, previous.get("leader"), previous.get("token"),
-                        len(self.schedule))
+            logger.info(
+                "beat %s: leading beat/%s with token %s (previous leader %s, token %s); sending %d entries",
+                self.identity,
+                self.name,
+                token,
+                previous.get("leader"),
+                previous.get("token"),
+                len(self.schedule),
+            )
             return True
-        logger.warning("beat %s: the state of beat/%s kept changing during take-over; trying again",
-                       self.identity, self.name)
+        logger.warning(
+            "beat %s: the state of beat/%s kept changing during take-over; trying again", self.identity, self.name
+        )
         return False
 
     def _merged_state(
@@ -351,8 +371,9 @@ class LeaderScheduler(Scheduler):
             adopted[name] = state if state is not None else (now, 0)  # new: as if beat just started
         removed = sorted(set(stored_entries) - set(self.schedule))
         if removed:
-            logger.info("beat %s: dropping the state of entries no longer scheduled: %s",
-                        self.identity, ", ".join(removed))
+            logger.info(
+                "beat %s: dropping the state of entries no longer scheduled: %s", self.identity, ", ".join(removed)
+            )
         document = {
             "format": STATE_FORMAT,
             "leader": self.identity,
@@ -385,19 +406,29 @@ class LeaderScheduler(Scheduler):
         except FenceLost:
             written = None
         except BackendError as exc:
-            logger.warning("beat %s: could not record the run of %s (%s); not sending it",
-                           self.identity, entry.name, exc)
+            logger.warning(
+                "beat %s: could not record the run of %s (%s); not sending it", self.identity, entry.name, exc
+            )
             self._step_down("etcd failed")
             return False
         if written is None:
-            logger.warning("beat %s: not sending %s: the state of beat/%s was written by another leader or the "
-                           "fence (token %s) is gone", self.identity, entry.name, self.name, self._leading_token)
+            logger.warning(
+                "beat %s: not sending %s: the state of beat/%s was written by another leader or the "
+                "fence (token %s) is gone",
+                self.identity,
+                entry.name,
+                self.name,
+                self._leading_token,
+            )
             self._step_down("its write was fenced off")
             return False
         self._state = written
         if not self.is_leader:
-            logger.warning("beat %s: not sending %s: lost leadership while recording it (run %d skipped)",
-                           self.identity, entry.name, entry.total_run_count)
+            logger.warning(
+                "beat %s: not sending %s: lost leadership while recording it (run %d skipped)",
+                self.identity,
+                entry.name,
+                entry.total_run_count,
+            )
             return False
         return True
-

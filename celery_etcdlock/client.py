@@ -64,6 +64,13 @@ class Client:
         return f"<celery_etcdlock.Client {self.options.api} {','.join(self.backend.endpoints)} prefix={self.prefix}>"
 
 
+def check_client(client: object) -> Client:
+    """``client`` if it is a ``Client``; else a ``TypeError`` that says where one comes from."""
+    if not isinstance(client, Client):
+        raise TypeError(f"client must be a celery_etcdlock Client (from connect()), not {type(client).__name__}")
+    return client
+
+
 _clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 

@@ -41,7 +41,7 @@ from celery.utils.log import get_logger
 
 from .backends.base import Entry, WaitResult
 from .client import Client
-from .errors import NotHeld
+from .errors import InvalidUse, NotHeld
 from .keys import ELECTIONS, queue_key
 from .queue import WRITE, QueueLock
 
@@ -124,7 +124,7 @@ class Election:
     def start(self) -> None:
         """Campaign in the background; follow the outcome through ``events()``."""
         if self._threads:
-            raise RuntimeError(f"election {self.name!r} already started")
+            raise InvalidUse(f"election {self.name!r} already started")
         self._stopping.clear()
         for target, role in ((self._campaign_loop, "campaign"), (self._observe_loop, "observe")):
             thread = threading.Thread(target=target, name=f"etcdlock-election-{role}", daemon=True)

@@ -42,6 +42,10 @@ class NotHeld(EtcdLockError):
     """release() of a lock this object does not hold."""
 
 
+class InvalidUse(EtcdLockError, RuntimeError):
+    """An object used out of turn: ``acquire()`` on a lock object that is held or busy, ``start()`` twice."""
+
+
 class TaskLocked(EtcdLockError):
     """A singleton task found its lock taken and ``on_conflict="raise"``."""
 

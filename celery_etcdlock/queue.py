@@ -37,8 +37,8 @@ from typing import Any
 from celery.utils.log import get_logger
 
 from .backends.base import Entry, WaitResult
-from .client import Client
-from .errors import LockLost, NotHeld
+from .client import Client, check_client
+from .errors import InvalidUse, LockLost, NotHeld
 from .session import Claim, check_ttl
 
 logger = get_logger(__name__)
@@ -103,7 +103,7 @@ class QueueLock:
             raise TypeError("on_lost must be callable")
         if data is not None and not isinstance(data, dict):
             raise TypeError(f"data must be a dict of JSON values, not {type(data).__name__}")
-        self.client = client
+        self.client = check_client(client)
         self.queue = queue
         self.name = name
         self.ttl = check_ttl(ttl)
@@ -144,12 +144,10 @@ class QueueLock:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
         if not self._busy.acquire(blocking=False):
-            raise RuntimeError(f"lock {self.name!r}: acquire() while this object is already in use")
+            raise InvalidUse(f"lock {self.name!r}: acquire() while this object is already in use")
         try:
             if self._claim is not None:
-                raise RuntimeError(
-                    f"lock {self.name!r} is already held by this object (lock objects are not reentrant)"
-                )
+                raise InvalidUse(f"lock {self.name!r} is already held by this object (lock objects are not reentrant)")
             self._cancelled.clear()
             deadline = time.monotonic() + (0.0 if not blocking else timeout if timeout is not None else float("inf"))
             return self._acquire(deadline)

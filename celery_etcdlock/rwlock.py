@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .client import Client
+from .client import Client, check_client
 from .keys import LOCKS, queue_key
 from .queue import READ, WRITE, QueueLock
 from .session import check_ttl
@@ -30,7 +30,7 @@ from .session import check_ttl
 
 class RWLock:
     def __init__(self, client: Client, name: str, ttl: float = 30) -> None:
-        self.client = client
+        self.client = check_client(client)
         self.name = name
         self.ttl = check_ttl(ttl)
         self.queue = queue_key(LOCKS, name)  # also checks the name

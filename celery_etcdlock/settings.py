@@ -9,7 +9,7 @@
 | ``etcdlock_prefix``        | the URL's ``?prefix=``, else ``/celery-etcdlock`` |
 | ``etcdlock_ttl``           | ``30`` (seconds)        |
 | ``etcdlock_beat_ttl``      | ``10`` (seconds)        |
-| ``etcdlock_retry_max_delay`` | ``30`` (seconds)      |
+| ``etcdlock_retry_max_delay`` | the URL's ``?retry_max_delay=``, else ``30`` (seconds) |
 | ``etcdlock_beat_name``     | the app's main name     |
 
 The client is shared by every task and the beat scheduler of the process; it
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import Client
-from .connect import DEFAULT_RETRY_MAX_DELAY, connect
+from .connect import connect
 from .session import check_ttl
 
 DEFAULTS: dict[str, Any] = {
@@ -31,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "etcdlock_prefix": None,  # the URL's ?prefix=, else DEFAULT_PREFIX
     "etcdlock_ttl": 30,
     "etcdlock_beat_ttl": 10,
-    "etcdlock_retry_max_delay": DEFAULT_RETRY_MAX_DELAY,
+    "etcdlock_retry_max_delay": None,  # the URL's ?retry_max_delay=, else DEFAULT_RETRY_MAX_DELAY
     "etcdlock_beat_name": None,  # the app's main name, else "celery"
 }
 
@@ -42,7 +42,7 @@ class Settings:
     prefix: str | None
     ttl: float
     beat_ttl: float
-    retry_max_delay: float
+    retry_max_delay: float | None
     beat_name: str
 
     @classmethod
@@ -63,13 +63,15 @@ class Settings:
         )
 
 
-def _seconds(value: object, name: str) -> float:
+def _seconds(value: object, name: str) -> float | None:
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
     return float(value)
 
 
-_clients: dict[tuple[str, str | None, float], Client] = {}
+_clients: dict[tuple[str, str | None, float | None], Client] = {}
 _clients_lock = threading.Lock()
 
 

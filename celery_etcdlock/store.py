@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .backends.base import Entry, Record
-from .client import Client
+from .client import Client, check_client
 from .keys import RECORDS, decode_name, encode_name, record_key
 from .session import check_ttl
 
@@ -35,7 +35,7 @@ class FenceLost(Exception):
 
 class DocumentStore:
     def __init__(self, client: Client, kind: str) -> None:
-        self.client = client
+        self.client = check_client(client)
         self.kind = kind
         self._backend = client.backend
 

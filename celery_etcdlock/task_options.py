@@ -25,8 +25,15 @@ from typing import Any
 ON_CONFLICT = ("skip", "raise", "retry", "wait")
 MODES = ("read", "write")
 LOCK_OPTIONS = (
-    "key", "lock_ttl", "on_conflict", "lock_timeout", "retry_countdown", "dedupe_enqueue", "dedupe_ttl",
-    "lock_name", "lock_mode",
+    "key",
+    "lock_ttl",
+    "on_conflict",
+    "lock_timeout",
+    "retry_countdown",
+    "dedupe_enqueue",
+    "dedupe_ttl",
+    "lock_name",
+    "lock_mode",
 )
 
 NameFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
@@ -114,11 +121,7 @@ def option(owner: object, name: str) -> Any:
 
 
 def _is_names(value: object) -> bool:
-    return (
-        isinstance(value, (list, tuple))
-        and bool(value)
-        and all(isinstance(n, str) and n for n in value)
-    )
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(n, str) and n for n in value)
 
 
 # The primitives check their own ttl too; these name the task option at declaration.

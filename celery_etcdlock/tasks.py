@@ -145,7 +145,11 @@ class SingletonTask(celery.Task):
             logger.error(
                 "task %s[%s] on %s lost its lock %s mid-run (not renewed within %ss); "
                 "another run may start before this one ends",
-                self.name, task_id, hostname, name, ttl,
+                self.name,
+                task_id,
+                hostname,
+                name,
+                ttl,
             )
 
         lock = self._new_lock(client, name, ttl, on_lost, data)
@@ -206,7 +210,11 @@ class SingletonTask(celery.Task):
         if self.on_conflict == "retry":
             logger.info(
                 "task %s[%s] found %s held by %s; retrying in %ss",
-                self.name, task_id, name, holder, self.retry_countdown,
+                self.name,
+                task_id,
+                name,
+                holder,
+                self.retry_countdown,
             )
             try:
                 raise self.retry(
@@ -235,7 +243,11 @@ class SingletonTask(celery.Task):
         # TTL tells the two apart; running now would run the task twice at once.
         logger.warning(
             "task %s[%s] on %s: %s is held by an earlier attempt of the same task id; waiting up to %ss",
-            self.name, task_id, hostname, name, lock.ttl,
+            self.name,
+            task_id,
+            hostname,
+            name,
+            lock.ttl,
         )
         if lock.acquire(timeout=float(lock.ttl) + 1.0):
             if not _finished(self, task_id):
@@ -245,7 +257,9 @@ class SingletonTask(celery.Task):
         else:
             logger.warning(
                 "task %s[%s]: duplicate delivery while the first delivery still runs and holds %s; not run",
-                self.name, task_id, name,
+                self.name,
+                task_id,
+                name,
             )
         raise Ignore()
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from celery_etcdlock import Election, LeaderEvent
+from celery_etcdlock import Election, InvalidUse, LeaderEvent
 from celery_etcdlock.keys import ELECTIONS, queue_key
 from tests.agents import agent, walls
 from tests.servers import wait_until
@@ -43,6 +43,16 @@ def test_events_sequence(client):
     assert next(events_b) == LeaderEvent("elected", "b")
     b.stop()
     assert list(events_b) == []
+
+
+def test_started_twice_is_invalid_use(client):
+    a = Election(client, "twice", identity="a", ttl=5)
+    a.start()
+    try:
+        with pytest.raises(InvalidUse, match="already started"):
+            a.start()
+    finally:
+        a.stop()
 
 
 def test_bad_input(client):

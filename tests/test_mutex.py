@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from celery_etcdlock import LockLost, Mutex, NotHeld, connect
+from celery_etcdlock import Election, InvalidUse, LockLost, Mutex, NotHeld, RWLock, connect
 from celery_etcdlock.backends.base import WaitResult
 from celery_etcdlock.keys import LOCKS, encode_name
 from tests.agents import agent, walls
@@ -62,8 +62,14 @@ def test_release_errors(client):
 
 def test_not_reentrant(client):
     lock = Mutex(client, "x", ttl=5)
-    with lock, pytest.raises(RuntimeError, match="not reentrant"):
+    with lock, pytest.raises(InvalidUse, match="not reentrant"):
         lock.acquire()
+
+
+@pytest.mark.parametrize("make", [Mutex, RWLock, lambda c, name: Election(c, name, identity="a")])
+def test_something_else_than_a_client_is_named(make):
+    with pytest.raises(TypeError, match="client must be a celery_etcdlock Client .from connect"):
+        make("etcd://127.0.0.1:2379", "x")  # a URL where the client belongs
 
 
 def test_threads_of_one_process_exclude_each_other(client):

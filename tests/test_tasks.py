@@ -377,6 +377,20 @@ def test_dedupe_marker_is_named_as_the_worker_will_name_the_lock(broker: str, et
     assert marker is not None and marker.value["task_id"] == sent.id
 
 
+def test_url_options_hold_unless_a_setting_overrides_them() -> None:
+    from celery_etcdlock.settings import Settings, client_for
+
+    local = celery.Celery("settings", set_as_current=False)
+    local.conf.etcdlock_url = "etcd://127.0.0.1:1?prefix=/from-url&retry_max_delay=4"
+    client = client_for(local)  # connect() talks to nobody yet
+    assert (client.prefix, client.options.retry_max_delay) == ("/from-url", 4)
+    local.conf.etcdlock_prefix, local.conf.etcdlock_retry_max_delay = "/from-setting", 0.5
+    settings = Settings.from_app(local)
+    assert (settings.prefix, settings.retry_max_delay) == ("/from-setting", 0.5)
+    client = client_for(local)
+    assert (client.prefix, client.options.retry_max_delay) == ("/from-setting", 0.5)
+
+
 @pytest.mark.parametrize(
     ("setting", "value"),
     [("etcdlock_retry_max_delay", "soon"), ("etcdlock_retry_max_delay", -1), ("etcdlock_ttl", 0)],

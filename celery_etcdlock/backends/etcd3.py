@@ -88,6 +88,7 @@ class V3Lease(Lease):
 
 # -- request bodies (keys base64-encoded, as the gateway wants them) ----------------------------
 
+
 def _range_request(key: str, prefix: bool = False) -> dict[str, Any]:
     """``key``, or with ``prefix`` every key under it, oldest first."""
     body: dict[str, Any] = {"key": b64(key)}
@@ -135,8 +136,9 @@ class Etcd3Backend(Backend):
         except Failure as exc:
             raise BackendError(f"etcd {operation} failed: {exc}") from None
 
-    def _txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
-             failure: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _txn(
+        self, compare: list[dict[str, Any]], success: list[dict[str, Any]], failure: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         return self._gateway.post("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
 
     def _range(self, key: str, prefix: bool = False) -> dict[str, Any]:
@@ -224,8 +226,13 @@ class Etcd3Backend(Backend):
             raise LeaseExpired(f"lease {lease.id} has expired")
         return lease
 
-    def _txn_with(self, lease: V3Lease, compare: list[dict[str, Any]], success: list[dict[str, Any]],
-                  failure: list[dict[str, Any]]) -> dict[str, Any]:
+    def _txn_with(
+        self,
+        lease: V3Lease,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]],
+    ) -> dict[str, Any]:
         """A transaction that puts with ``lease``: ``LeaseExpired`` if etcd no longer knows the lease."""
         try:
             return self._txn(compare, success, failure)
@@ -247,8 +254,9 @@ class Etcd3Backend(Backend):
         full = b64(self._full(key))
 
         def create() -> Entry:
-            answer = self._txn_with(lease, [_created_at(full, 0)], [_put(full, raw, lease)],
-                                    [{"request_range": {"key": full}}])
+            answer = self._txn_with(
+                lease, [_created_at(full, 0)], [_put(full, raw, lease)], [{"request_range": {"key": full}}]
+            )
             if answer.get("succeeded"):
                 return Entry(key, int(answer["header"]["revision"]), raw)
             # a retry whose first attempt was applied: the unique key is there with our value
@@ -348,8 +356,9 @@ class Etcd3Backend(Backend):
         if lease_id:  # one more request, for records that expire
             left = int(self._gateway.post("kv/lease/timetolive", {"ID": str(lease_id)}).get("TTL", -1))
             ttl = float(max(0, left))
-        return Record(self._relative(unb64(kv["key"])), decode_json(unb64(kv.get("value", ""))),
-                      int(kv["mod_revision"]), ttl)
+        return Record(
+            self._relative(unb64(kv["key"])), decode_json(unb64(kv.get("value", ""))), int(kv["mod_revision"]), ttl
+        )
 
     def get_record(self, key: str) -> Record | None:
         def get() -> Record | None:
@@ -384,8 +393,12 @@ class Etcd3Backend(Backend):
             if answer.get("succeeded"):
                 return Record(key, value, int(answer["header"]["revision"]), ttl)
             kvs = answer["responses"][0]["response_range"].get("kvs", [])
-            if attempts > 1 and kvs and unb64(kvs[0].get("value", "")) == raw and \
-                    int(kvs[0].get("lease", 0)) == (lease.lease_id if lease else 0):
+            if (
+                attempts > 1
+                and kvs
+                and unb64(kvs[0].get("value", "")) == raw
+                and int(kvs[0].get("lease", 0)) == (lease.lease_id if lease else 0)
+            ):
                 return Record(key, value, int(kvs[0]["mod_revision"]), ttl)  # our lost first attempt
             return None
 

@@ -336,8 +336,10 @@ class Gateway:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         try:
-            with socket.create_connection((host, port), timeout=min(2.0, self.options.timeout)) as sock, \
-                    context.wrap_socket(sock):
+            with (
+                socket.create_connection((host, port), timeout=min(2.0, self.options.timeout)) as sock,
+                context.wrap_socket(sock),
+            ):
                 return True
         except OSError:
             return False
@@ -395,8 +397,9 @@ class Gateway:
             answer = self._send(index, self._session(index), "auth/authenticate", body, token=None)
         except Failure as exc:
             if "authentication is not enabled" in str(exc):
-                logger.warning("etcd at %s has authentication off: ignoring the user name in the URL",
-                               self.endpoints[index])
+                logger.warning(
+                    "etcd at %s has authentication off: ignoring the user name in the URL", self.endpoints[index]
+                )
                 self._auth_enabled = False
                 return
             raise AuthenticationFailed(self._auth_message(index, f"was refused ({exc})")) from None
