@@ -204,7 +204,6 @@ class Session:
 
     def renew(self, until: float = float("inf")) -> None:
         """Renew every lease that is due, expire every lease past its deadline, tidy; stop by ``until``."""
-        self._tidy_queues()
         now = time.monotonic()
         lost: list[Claim] = []
         with self._mutex:
@@ -218,8 +217,10 @@ class Session:
         _notify(lost)
         for tenancy in due:
             if time.monotonic() >= until:
-                break  # the renewer's time slice is used up: other sessions go first, this one comes back
+                return  # the renewer's time slice is used up: other sessions go first, this one comes back
             self._renew(tenancy, until)
+        if time.monotonic() < until:
+            self._tidy_queues()  # last: housekeeping must never delay a renewal
 
     def _renew(self, tenancy: Tenancy, until: float) -> None:
         with self._mutex:
