@@ -82,11 +82,14 @@ class Election:
 
     def campaign(self, timeout: float | None = None) -> bool:
         """Block until this node leads (True), or ``timeout`` seconds pass (False)."""
+        return self._campaign(timeout)
+
+    def _campaign(self, timeout: float | None = None, abort: threading.Event | None = None) -> bool:
         if self._lock.held:
             return True
         if self._lock.token is not None:
             self._lock.release()  # a lost leadership: queue again at the back
-        return self._lock.acquire(timeout=timeout)
+        return self._lock.acquire(timeout=timeout, abort=abort)
 
     @property
     def is_leader(self) -> bool:
@@ -165,7 +168,8 @@ class Election:
         while not self._stopping.is_set():
             resignations = self._resignations
             try:
-                if not self.campaign():
+                # stop() may come before the acquire starts, too early for its cancel(): abort covers that
+                if not self._campaign(abort=self._stopping):
                     continue  # cancelled by resign() or stop()
             except Exception as exc:  # the campaign must outlive any failure, or the node never leads again
                 logger.warning("election %s: campaign of %s failed: %r", self.name, self.identity, exc)

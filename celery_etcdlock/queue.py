@@ -117,6 +117,7 @@ class QueueLock:
         self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
         self._cancelled = threading.Event()
+        self._abort: threading.Event | None = None
 
     # -- public interface -----------------------------------------------------
 
@@ -139,8 +140,14 @@ class QueueLock:
     def holder(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Wait for the lock (up to ``timeout`` seconds; not at all if not ``blocking``)."""
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, *, abort: threading.Event | None = None
+    ) -> bool:
+        """Wait for the lock (up to ``timeout`` seconds; not at all if not ``blocking``).
+
+        Setting ``abort`` makes this acquire give up as ``cancel()`` does, and unlike
+        ``cancel()`` it counts even when it is set before the acquire has started.
+        """
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
         if not self._busy.acquire(blocking=False):
@@ -149,6 +156,7 @@ class QueueLock:
             if self._claim is not None:
                 raise InvalidUse(f"lock {self.name!r} is already held by this object (lock objects are not reentrant)")
             self._cancelled.clear()
+            self._abort = abort
             deadline = time.monotonic() + (0.0 if not blocking else timeout if timeout is not None else float("inf"))
             return self._acquire(deadline)
         finally:
@@ -221,7 +229,7 @@ class QueueLock:
                     mine = snapshot.find(claim.entry.token)
                 if mine is None or not claim.alive:
                     self._session.leave(claim)
-                    if time.monotonic() >= deadline or self._cancelled.is_set():
+                    if time.monotonic() >= deadline or self._given_up():
                         return False
                     logger.warning(
                         "lock %s: queue entry of %s vanished while waiting; queueing again", self.name, self.holder
@@ -234,7 +242,7 @@ class QueueLock:
                 blocker = blocker_of(snapshot.entries, mine, self.mode)
                 if blocker is None:
                     with self._state:
-                        cancelled = self._cancelled.is_set()
+                        cancelled = self._given_up()
                         if not cancelled:
                             self._claim, self._waiting = claim, None
                     if cancelled:
@@ -257,10 +265,13 @@ class QueueLock:
             with self._state:
                 self._waiting = None
 
+    def _given_up(self) -> bool:
+        return self._cancelled.is_set() or (self._abort is not None and self._abort.is_set())
+
     def _wait_with(self, claim: Claim) -> bool:
         """Make ``claim`` the one cancel() deletes; False if cancel() came first."""
         with self._state:
-            if self._cancelled.is_set():
+            if self._given_up():
                 return False
             self._waiting = claim
             return True
@@ -270,7 +281,7 @@ class QueueLock:
         logger.debug("lock %s: %s waits for token %d", self.name, self.holder, blocker.token)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._cancelled.is_set():
+            if remaining <= 0 or self._given_up():
                 return False
             # deletions and expiries arrive as events: the bound is only a safety net against a silent
             # connection, and lets a request that was cancelled or lost go without waiting for its blocker
@@ -280,7 +291,7 @@ class QueueLock:
                     "lock %s: %s cannot watch from index %d any more; reading again", self.name, self.holder, revision
                 )
             if result is not WaitResult.TIMEOUT or not claim.alive:
-                return not self._cancelled.is_set()
+                return not self._given_up()
 
     def _lost(self, reason: str) -> None:
         claim = self._claim

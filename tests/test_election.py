@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import pytest
@@ -53,6 +54,29 @@ def test_started_twice_is_invalid_use(client):
             a.start()
     finally:
         a.stop()
+
+
+def test_stop_before_the_campaign_reaches_its_acquire_still_stops_it(client):
+    a = Election(client, "late", identity="a", ttl=5)
+    assert a.campaign(timeout=5)
+    b = Election(client, "late", identity="b", ttl=5)
+    real_acquire, entered, stopped = b._lock.acquire, threading.Event(), threading.Event()
+
+    def late_acquire(*args, **kwargs):  # holds b's campaign just before its acquire, while stop() runs
+        entered.set()
+        stopped.wait(10)
+        return real_acquire(*args, **kwargs)
+
+    b._lock.acquire = late_acquire
+    b.start()
+    assert entered.wait(10)
+    threads = list(b._threads)
+    b.stop()  # its cancel() finds nothing to cancel yet
+    stopped.set()
+    wait_until(lambda: not any(t.is_alive() for t in threads), 10, "b's campaign thread to end")
+    assert queued(client, "late") == 1  # b did not stay queued behind a, to lead one day
+    a.resign()
+    assert a.leader() is None and not b.is_leader
 
 
 def test_bad_input(client):
