@@ -1,11 +1,13 @@
 """Sessions: what keeps a process's queue entries alive, and says when they are not.
 
 As in etcd's ``concurrency`` package, a process has one session per client
-and TTL, and one background thread (the renewer) renews every session of
-the process, whatever the number of locks held or waited for. In v3 the
-entries of a session ride on one shared lease, kept alive every ttl/3; in v2
-each entry is a key with a TTL of its own, refreshed every ttl/3
-(``refresh=true``, which wakes no watcher).
+and TTL, and each session one background thread (its renewer) that renews
+every entry of the session, whatever the number of locks held or waited
+for; so a slow etcd behind one session never delays another's renewals. In
+v3 the entries of a session ride on one shared lease, kept alive every
+ttl/3; in v2 each entry is a key with a TTL of its own, refreshed every
+ttl/3 (``refresh=true``, which wakes no watcher). The renewer ends when the
+session has nothing left to keep alive, and the next join starts it again.
 
 Each lease keeps a local deadline: the *send* time (monotonic clock) of the
 last renewal that succeeded, plus the TTL etcd was given, minus a safety
@@ -28,12 +30,10 @@ its own on first use (see ``Client``).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -122,17 +122,20 @@ class Session:
         self._tenancies: list[Tenancy] = []
         self._shared: Tenancy | None = None  # the lease new entries go on (v3)
         self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
-        self.not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
+        self._not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
+        self._wakeup = threading.Condition()  # guards the renewer thread and _wake_at; taken before _mutex
+        self._renewer: threading.Thread | None = None
+        self._wake_at = float("inf")  # when the renewer plans to wake next
 
     @property
     def next_due(self) -> float:
-        """When the renewer should next call ``renew()``: a renewal, an expiry or a tidy-up."""
+        """When the renewer should next call ``renew()``: a renewal, an expiry or a tidy-up (inf: never)."""
         with self._mutex:
             busy = [t for t in self._tenancies if t.claims]
             times = [min(t.next_renewal, t.deadline) for t in busy] + list(self._tidy.values())
             if not busy and self._tenancies:
                 times.append(min(t.deadline for t in self._tenancies))  # to drop idle leases
-        return max(min(times, default=float("inf")), self.not_before)
+        return max(min(times, default=float("inf")), self._not_before)
 
     # -- used by the primitives ---------------------------------------------
 
@@ -171,7 +174,7 @@ class Session:
                 with contextlib.suppress(BackendError):
                     self.backend.delete_entry(entry)
                 continue
-            _renewer().schedule(self)
+            self._schedule()
             return claim, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
 
@@ -191,7 +194,7 @@ class Session:
             # v2 queues are directories, which outlive their last entry: remove one that stays unused
             with self._mutex:
                 self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
-            _renewer().schedule(self)
+            self._schedule()
 
     def mark_lost(self, claim: Claim, reason: str) -> None:
         """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
@@ -202,8 +205,8 @@ class Session:
 
     # -- used by the renewer ------------------------------------------------
 
-    def renew(self, until: float = float("inf")) -> None:
-        """Renew every lease that is due, expire every lease past its deadline, tidy; stop by ``until``."""
+    def renew(self) -> None:
+        """Renew every lease that is due, expire every lease past its deadline, then tidy."""
         now = time.monotonic()
         lost: list[Claim] = []
         with self._mutex:
@@ -216,18 +219,15 @@ class Session:
             due = [t for t in self._tenancies if t.claims and t.next_renewal <= now]
         _notify(lost)
         for tenancy in due:
-            if time.monotonic() >= until:
-                return  # the renewer's time slice is used up: other sessions go first, this one comes back
-            self._renew(tenancy, until)
-        if time.monotonic() < until:
-            self._tidy_queues()  # last: housekeeping must never delay a renewal
+            self._renew(tenancy)
+        self._tidy_queues()  # last: housekeeping must never delay a renewal
 
-    def _renew(self, tenancy: Tenancy, until: float) -> None:
+    def _renew(self, tenancy: Tenancy) -> None:
         with self._mutex:
             claims = list(tenancy.claims.values())
             deadline = tenancy.deadline
-        # the slice decides whether a renewal starts; once started, it gets at least one renewal period
-        stop_at = min(deadline, max(until, time.monotonic() + self.server_ttl / 3))
+        # one renewal period at most: a failing lease comes back soon, after the session's other leases
+        stop_at = min(deadline, time.monotonic() + self.server_ttl / 3)
         lease = tenancy.lease
         sent = time.monotonic()
         try:
@@ -277,6 +277,9 @@ class Session:
         """Forget every claim without marking it lost (after fork: they are the parent's)."""
         self._mutex = threading.Lock()  # another thread may have held these at the fork
         self._granting = threading.Lock()
+        self._wakeup = threading.Condition()
+        self._renewer = None  # it did not survive the fork
+        self._wake_at = float("inf")
         self._tenancies = []
         self._shared = None
         self._tidy = {}
@@ -292,6 +295,41 @@ class Session:
                 self.backend.revoke(tenancy.lease)
             except BackendError as exc:
                 logger.warning("could not revoke lease %s: %s", tenancy.lease.id, exc)
+
+    # -- the renewer thread -----------------------------------------------------
+
+    def _schedule(self) -> None:
+        """Make sure the renewer runs when the session is next due: start it, or wake it if sooner."""
+        with self._wakeup:
+            due = self.next_due
+            if self._renewer is None:
+                self._wake_at = due
+                self._renewer = threading.Thread(
+                    target=self._renew_when_due, name=f"etcdlock-renewer-{self.ttl:g}s", daemon=True
+                )
+                self._renewer.start()
+            elif due < self._wake_at:
+                self._wake_at = due
+                self._wakeup.notify()
+
+    def _renew_when_due(self) -> None:
+        while True:
+            with self._wakeup:
+                due = self.next_due
+                if due == float("inf"):
+                    self._renewer = None  # nothing to keep alive: the next join starts a new renewer
+                    return
+                now = time.monotonic()
+                if due > now:
+                    self._wake_at = due
+                    self._wakeup.wait(due - now)
+                    continue
+                self._wake_at = now
+            try:
+                self.renew()
+            except Exception:  # the renewer must outlive any failure: every lock of the session depends on it
+                logger.exception("renewal of the %gs session failed unexpectedly", self.ttl)
+                self._not_before = time.monotonic() + 0.5
 
     # -- internals --------------------------------------------------------------
 
@@ -389,65 +427,3 @@ def _notify(claims: list[Claim]) -> None:
                 claim.on_lost(claim.lost_reason or "lost")
             except Exception:
                 logger.exception("on_lost callback for %s raised", claim.entry.key)
-
-
-class Renewer:
-    """The one thread per process that renews every session when it is due."""
-
-    def __init__(self) -> None:
-        self._wakeup = threading.Condition()
-        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
-        self._wake_at = float("inf")  # when the thread plans to wake next
-        self._thread = threading.Thread(target=self._run, name="etcdlock-renewer", daemon=True)
-        self._thread.start()
-
-    def schedule(self, session: Session) -> None:
-        """Make sure ``session`` is renewed when due; wakes the thread only if that is sooner than planned."""
-        with self._wakeup:
-            self._sessions.add(session)
-            if session.next_due < self._wake_at:
-                self._wake_at = session.next_due
-                self._wakeup.notify()
-
-    def _run(self) -> None:
-        tiebreak = itertools.count()
-        while True:
-            with self._wakeup:
-                due = sorted((s.next_due, next(tiebreak), s) for s in self._sessions)
-                now = time.monotonic()
-                if not due or due[0][0] > now:
-                    self._wake_at = due[0][0] if due else float("inf")
-                    self._wakeup.wait(timeout=None if self._wake_at == float("inf") else self._wake_at - now)
-                    continue
-                self._wake_at = now
-            # a session whose etcd hangs gets a slice at a time, not the thread: the others' renewals go on
-            slice_ = max(0.2, min(s.server_ttl for when, _, s in due if when <= now) / 6)
-            for when, _, session in due:
-                if when > time.monotonic():
-                    break
-                try:
-                    session.renew(until=time.monotonic() + slice_)
-                except Exception:  # the renewer must never die: every lock depends on it
-                    logger.exception("renewal of a session failed unexpectedly")
-                    session.not_before = time.monotonic() + 0.5
-
-
-_renewer_instance: Renewer | None = None
-_renewer_lock = threading.Lock()
-
-
-def _renewer() -> Renewer:
-    global _renewer_instance
-    with _renewer_lock:
-        if _renewer_instance is None:
-            _renewer_instance = Renewer()
-        return _renewer_instance
-
-
-def _forget_renewer_after_fork() -> None:
-    global _renewer_instance, _renewer_lock
-    _renewer_instance = None  # the thread did not survive the fork
-    _renewer_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_renewer_after_fork)

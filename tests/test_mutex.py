@@ -72,6 +72,39 @@ def test_something_else_than_a_client_is_named(make):
         make("etcd://127.0.0.1:2379", "x")  # a URL where the client belongs
 
 
+def test_a_hung_renewal_of_one_session_does_not_delay_another_sessions(client, monkeypatch):
+    from celery_etcdlock.retry import Transient
+
+    long = Mutex(client, "long", ttl=9)  # renewed every 8/3 s
+    assert long.acquire(timeout=5)
+    hung_lease, hanging, unhang = long._claim.tenancy.lease, threading.Event(), threading.Event()
+    short_renewals = []
+    real_keep_alive = client.backend.keep_alive
+
+    def keep_alive(lease, entries, timeout):
+        if lease is hung_lease:  # a black-holed connection: nothing comes back until the timeout
+            hanging.set()
+            unhang.wait(timeout)
+            raise Transient("black hole", "read timed out")
+        gone = real_keep_alive(lease, entries, timeout)
+        if hanging.is_set():
+            short_renewals.append(lease)
+        return gone
+
+    monkeypatch.setattr(client.backend, "keep_alive", keep_alive)
+    lost = []
+    short = Mutex(client, "short", ttl=2, on_lost=lost.append)  # renewed every 1/3 s, lost 0.9 s after a miss
+    assert short.acquire(timeout=5)
+    try:
+        assert hanging.wait(15)
+        wait_until(lambda: len(short_renewals) >= 4 or lost, 15, "4 renewals of the short lock during the hang")
+        assert short.held and not lost
+    finally:
+        unhang.set()
+        short.release()
+        long.release()
+
+
 def test_threads_of_one_process_exclude_each_other(client):
     inside = 0
     overlaps = []
