@@ -117,6 +117,7 @@ class QueueLock:
         self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
         self._cancelled = threading.Event()
+        self._reported: Claim | None = None  # the claim whose loss on_lost was told of: once per hold
         self._abort: threading.Event | None = None
 
     # -- public interface -----------------------------------------------------
@@ -249,8 +250,8 @@ class QueueLock:
                         self._session.leave(claim)
                         return False
                     logger.info("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
-                    if claim.lost.is_set():  # lost in the instant before it became ours: _lost skipped it
-                        self._lost(claim.lost_reason or "lost")
+                    if claim.lost.is_set():  # lost in the instant before it became ours: _lost may have skipped it
+                        self._lost(claim, claim.lost_reason or "lost")
                     return True
                 if not self._wait_for(blocker, snapshot.revision, deadline, claim):
                     self._session.leave(claim)
@@ -293,10 +294,11 @@ class QueueLock:
             if result is not WaitResult.TIMEOUT or not claim.alive:
                 return not self._given_up()
 
-    def _lost(self, reason: str) -> None:
-        claim = self._claim
-        if claim is None or not claim.lost.is_set():
-            return  # a request still waiting: the acquire loop queues it again
+    def _lost(self, claim: Claim, reason: str) -> None:
+        with self._state:
+            if self._claim is not claim or not claim.lost.is_set() or self._reported is claim:
+                return  # a request still waiting (the acquire loop queues it again), a past hold, or said already
+            self._reported = claim
         logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, claim.entry.token, reason)
         if self.on_lost is not None:
             self.on_lost(self)

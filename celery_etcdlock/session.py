@@ -14,12 +14,13 @@ last renewal that succeeded, plus the TTL etcd was given, minus a safety
 margin. The server cannot expire the lease's entries before that moment, so
 a holder that checks the deadline steps down before anyone else can step
 in. When the deadline passes, or a renewal finds an entry gone, every claim
-concerned is marked lost at once and its ``on_lost`` callback runs (on the
-renewer thread, outside every lock). A claim knows its own lease, so a claim
-is never judged by a clock that does not renew it.
+concerned is marked lost at once and its ``on_lost`` callback runs on the
+renewer thread, outside every lock (also for a loss another thread saw). A
+claim knows its own lease, so a claim is never judged by a clock that does
+not renew it.
 
     session = client.session(ttl=10)
-    claim, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=print)
+    claim, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=lambda claim, why: print(why))
     claim.alive        # False once lost, or in a forked child
     session.leave(claim)
 
@@ -69,7 +70,9 @@ def safety_margin(ttl: float) -> float:
 class Claim:
     """One entry this process created and keeps alive until it leaves."""
 
-    def __init__(self, tenancy: Tenancy, queue: str, entry: Entry, on_lost: Callable[[str], None] | None) -> None:
+    def __init__(
+        self, tenancy: Tenancy, queue: str, entry: Entry, on_lost: Callable[[Claim, str], None] | None
+    ) -> None:
         self.tenancy = tenancy
         self.queue = queue
         self.entry = entry
@@ -123,6 +126,7 @@ class Session:
         self._shared: Tenancy | None = None  # the lease new entries go on (v3)
         self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
         self._not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
+        self._unnotified: list[Claim] = []  # lost by another thread: the renewer runs their on_lost
         self._wakeup = threading.Condition()  # guards the renewer thread and _wake_at; taken before _mutex
         self._renewer: threading.Thread | None = None
         self._wake_at = float("inf")  # when the renewer plans to wake next
@@ -135,12 +139,14 @@ class Session:
             times = [min(t.next_renewal, t.deadline) for t in busy] + list(self._tidy.values())
             if not busy and self._tenancies:
                 times.append(min(t.deadline for t in self._tenancies))  # to drop idle leases
+            if self._unnotified:
+                times.append(0.0)
         return max(min(times, default=float("inf")), self._not_before)
 
     # -- used by the primitives ---------------------------------------------
 
     def join(
-        self, queue: str, value: dict[str, Any], on_lost: Callable[[str], None] | None = None
+        self, queue: str, value: dict[str, Any], on_lost: Callable[[Claim, str], None] | None = None
     ) -> tuple[Claim, Snapshot]:
         """Create a new entry in ``queue``, kept alive until ``leave``; and the queue as it then was."""
         for _attempt in range(3):
@@ -151,8 +157,8 @@ class Session:
             except LeaseExpired:
                 with self._mutex:
                     tenancy.joining -= 1
-                    lost = self._expire(tenancy, "its lease expired on the server")
-                _notify(lost)
+                    self._unnotified += self._expire(tenancy, "its lease expired on the server")
+                self._schedule()
                 continue
             except BaseException:
                 with self._mutex:
@@ -200,16 +206,16 @@ class Session:
         """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
         with self._mutex:
             self._forget(claim)
-            lost = _lose([claim], reason)
-        _notify(lost)
+            self._unnotified += _lose([claim], reason)
+        self._schedule()
 
     # -- used by the renewer ------------------------------------------------
 
     def renew(self) -> None:
         """Renew every lease that is due, expire every lease past its deadline, then tidy."""
         now = time.monotonic()
-        lost: list[Claim] = []
         with self._mutex:
+            lost, self._unnotified = self._unnotified, []
             for tenancy in list(self._tenancies):
                 if not tenancy.claims:
                     if tenancy is not self._shared or now >= tenancy.deadline:
@@ -283,6 +289,7 @@ class Session:
         self._tenancies = []
         self._shared = None
         self._tidy = {}
+        self._unnotified = []
 
     def close(self) -> None:
         """Mark every claim lost and revoke the leases (v3): their entries go at once."""
@@ -424,6 +431,6 @@ def _notify(claims: list[Claim]) -> None:
     for claim in claims:
         if claim.on_lost is not None:
             try:
-                claim.on_lost(claim.lost_reason or "lost")
+                claim.on_lost(claim, claim.lost_reason or "lost")
             except Exception:
                 logger.exception("on_lost callback for %s raised", claim.entry.key)

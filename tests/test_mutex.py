@@ -389,6 +389,17 @@ def test_on_lost_may_release_the_lock(client):
     assert not lock.held
 
 
+def test_on_lost_runs_on_the_renewer_thread_even_for_a_loss_another_thread_saw(client):
+    told = []
+    lock = Mutex(client, "told", ttl=5, on_lost=lambda lock: told.append(threading.current_thread().name))
+    lock.acquire()
+    lock.forfeit("its key was seen deleted")  # as the election's observer does, from its own thread
+    assert not lock.held
+    wait_until(lambda: told, 10, "on_lost")
+    assert told == ["etcdlock-renewer-5s"]
+    lock.release()
+
+
 def test_locks_taken_at_once_by_many_threads_all_stay_exclusive(etcd_url):
     """Concurrent first acquisitions on a fresh client must share one renewed lease (no lock on a forgotten one)."""
     from celery_etcdlock import connect as fresh
