@@ -296,6 +296,8 @@ class Session:
         with self._mutex:
             tenancies = list(self._tenancies)
             lost = [c for t in tenancies for c in self._expire(t, "its session was closed")]
+            lost += self._unnotified
+            self._unnotified, self._tidy = [], {}  # nothing left for the renewer: it ends when it next wakes
         _notify(lost)
         for tenancy in tenancies:
             try:
