@@ -545,6 +545,14 @@ def test_after_fork_the_child_uses_connections_of_its_own(backend: Etcd3Backend)
 # -- a server that stops answering or dies during a watch -----------------------------------------
 
 
+def ranges_served(server: EtcdServer) -> int:
+    return sum(
+        int(float(line.split()[-1]))
+        for line in server.metrics().splitlines()
+        if line.startswith("grpc_server_handled_total{") and 'grpc_method="Range"' in line
+    )
+
+
 def watch_streams(server: EtcdServer) -> int:
     for line in server.metrics().splitlines():
         if line.startswith("etcd_debugging_mvcc_watch_stream_total "):
@@ -557,8 +565,10 @@ def test_a_watch_on_a_frozen_server_ends_at_its_deadline(own_etcd: EtcdServer) -
     b = make(own_etcd.url(prefix="/frozen"), retry_max_delay=2, timeout=2)
     entry = b.create_entry("locks/q", {}, b.grant(30))
     snapshot = b.read_queue("locks/q")
+    reads = ranges_served(own_etcd)
     waiter = wait_for(b, entry, snapshot.revision, timeout=3)
-    wait_until(lambda: watch_streams(own_etcd) >= 1, 30, "the watch to be established")
+    # paused only once the watch is up and the key was read after it: from then on only the watch waits
+    wait_until(lambda: watch_streams(own_etcd) >= 1 and ranges_served(own_etcd) > reads, 30, "the watch and its read")
     own_etcd.pause()
     try:
         waiter.join(30)
