@@ -146,8 +146,9 @@ class QueueLock:
     ) -> bool:
         """Wait for the lock (up to ``timeout`` seconds; not at all if not ``blocking``).
 
-        Setting ``abort`` makes this acquire give up as ``cancel()`` does, and unlike
-        ``cancel()`` it counts even when it is set before the acquire has started.
+        Once ``abort`` is set, this acquire gives up (returns False) at its next step,
+        even if it was set before the acquire started; a wait already under way ends
+        at its next wake-up, so pair it with ``cancel()`` to end that wait at once.
         """
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
@@ -217,6 +218,8 @@ class QueueLock:
         return value
 
     def _acquire(self, deadline: float) -> bool:
+        if self._given_up():
+            return False  # aborted before it began: do not even show up in the queue
         self._session = self.client.session(self.ttl)
         claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
         try:

@@ -127,6 +127,7 @@ class Session:
         self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
         self._not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
         self._unnotified: list[Claim] = []  # lost by another thread: the renewer runs their on_lost
+        self._closed = False
         self._wakeup = threading.Condition()  # guards the renewer thread and _wake_at; taken before _mutex
         self._renewer: threading.Thread | None = None
         self._wake_at = float("inf")  # when the renewer plans to wake next
@@ -180,7 +181,14 @@ class Session:
                 with contextlib.suppress(BackendError):
                     self.backend.delete_entry(entry)
                 continue
-            self._schedule()
+            try:
+                self._schedule()
+            except BaseException:  # no renewer (say, no thread could start): the entry must not stay
+                with self._mutex:
+                    self._forget(claim)
+                with contextlib.suppress(BackendError):
+                    self.backend.delete_entry(entry)
+                raise
             return claim, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
 
@@ -199,8 +207,11 @@ class Session:
         finally:
             # v2 queues are directories, which outlive their last entry: remove one that stays unused
             with self._mutex:
-                self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
-            self._schedule()
+                closed = self._closed
+                if not closed:
+                    self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
+            if not closed:
+                self._schedule()
 
     def mark_lost(self, claim: Claim, reason: str) -> None:
         """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
@@ -298,6 +309,7 @@ class Session:
             lost = [c for t in tenancies for c in self._expire(t, "its session was closed")]
             lost += self._unnotified
             self._unnotified, self._tidy = [], {}  # nothing left for the renewer: it ends when it next wakes
+            self._closed = True  # and a lock released later leaves nothing for it either
         _notify(lost)
         for tenancy in tenancies:
             try:
@@ -311,12 +323,12 @@ class Session:
         """Make sure the renewer runs when the session is next due: start it, or wake it if sooner."""
         with self._wakeup:
             due = self.next_due
-            if self._renewer is None:
-                self._wake_at = due
-                self._renewer = threading.Thread(
+            if self._renewer is None or not self._renewer.is_alive():
+                renewer = threading.Thread(
                     target=self._renew_when_due, name=f"etcdlock-renewer-{self.ttl:g}s", daemon=True
                 )
-                self._renewer.start()
+                renewer.start()  # first: a thread that failed to start must not pass for a running one
+                self._renewer, self._wake_at = renewer, due
             elif due < self._wake_at:
                 self._wake_at = due
                 self._wakeup.notify()

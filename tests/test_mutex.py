@@ -105,6 +105,47 @@ def test_a_hung_renewal_of_one_session_does_not_delay_another_sessions(client, m
         long.release()
 
 
+def test_a_renewer_that_could_not_start_is_started_by_the_next_acquire(etcd_url, monkeypatch):
+    from celery_etcdlock import session as sessions
+
+    class FailsOnce(threading.Thread):
+        failed = False
+
+        def start(self):
+            if not FailsOnce.failed:
+                FailsOnce.failed = True
+                raise RuntimeError("can't start new thread")
+            super().start()
+
+    monkeypatch.setattr(sessions.threading, "Thread", FailsOnce)
+    client = connect(etcd_url)
+    renewals = []
+    real_keep_alive = client.backend.keep_alive
+    monkeypatch.setattr(client.backend, "keep_alive", lambda *a, **kw: renewals.append(1) or real_keep_alive(*a, **kw))
+    try:
+        first = Mutex(client, "r", ttl=2)
+        with pytest.raises(RuntimeError, match="start new thread"):
+            first.acquire()
+        second = Mutex(client, "r", ttl=2)
+        assert second.acquire(timeout=5)  # the first one's entry is not in its way
+        wait_until(lambda: len(renewals) >= 3, 10, "3 renewals")
+        assert second.held
+        second.release()
+    finally:
+        client.close()
+
+
+def test_a_lock_released_after_its_client_closed_starts_no_renewer(etcd_url):
+    client = connect(etcd_url)
+    lock = Mutex(client, "closing", ttl=3)
+    lock.acquire()
+    session = lock._session
+    client.close()
+    lock.release()  # quiet: it was lost when the client closed
+    assert session._tidy == {}
+    wait_until(lambda: session._renewer is None, 10, "the closed session's renewer to end")
+
+
 def test_threads_of_one_process_exclude_each_other(client):
     inside = 0
     overlaps = []
