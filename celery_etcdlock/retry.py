@@ -7,6 +7,10 @@ key that already exists, bad credentials) is an answer and is never retried.
 
 - ``call_policy(max_delay)``: one operation, exponential backoff with jitter,
   for at most ``max_delay`` seconds (``etcdlock_retry_max_delay``).
+  ``call()`` runs an operation under it, building it only once a first
+  attempt has failed: almost every call succeeds at once, and a tenacity
+  ``Retrying`` costs more to build and run than the rest of the client's
+  work on a request.
 - ``renewal_policy(deadline)``: a renewal, retried only while it can still
   land before the holder's deadline; after that the lock is lost anyway.
 
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import tenacity
+import tenacity.stop
 from celery.utils.log import get_logger
 
 from .errors import BackendUnavailable
@@ -52,12 +57,24 @@ def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
     return log
 
 
-def call_policy(max_delay: float, operation: str) -> tenacity.Retrying:
-    """Retry a transient failure for up to ``max_delay`` seconds."""
+class _stop_after_delay_since(tenacity.stop.stop_base):
+    """``stop_after_delay``, counted from ``started`` (monotonic) rather than from the policy's own start."""
+
+    def __init__(self, started: float, max_delay: float) -> None:
+        self.started = started
+        self.max_delay = max_delay
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        ended = retry_state.outcome_timestamp
+        return (ended if ended is not None else time.monotonic()) - self.started >= self.max_delay
+
+
+def call_policy(max_delay: float, operation: str, started: float | None = None) -> tenacity.Retrying:
+    """Retry a transient failure for up to ``max_delay`` seconds (from ``started``, if given)."""
     return tenacity.Retrying(
         retry=retry_if_transient,
         wait=backoff,
-        stop=tenacity.stop_after_delay(max_delay),
+        stop=tenacity.stop_after_delay(max_delay) if started is None else _stop_after_delay_since(started, max_delay),
         before_sleep=_log_retry(operation),
         reraise=True,
     )
@@ -80,3 +97,26 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
         return policy(fn)
     except Transient as exc:
         raise BackendUnavailable(f"etcd unreachable at {', '.join(endpoints)}: {exc}", endpoints=endpoints) from exc
+
+
+def call(max_delay: float, operation: str, fn: Callable[[], T], endpoints: tuple[str, ...]) -> T:
+    """``run(call_policy(max_delay, operation), fn, endpoints)``, with a first attempt outside tenacity.
+
+    The policy is built only if that attempt fails transiently; it then starts from that
+    failure (its first attempt re-raises it: same log line, same backoff before the next
+    one) and its deadline counts from before the first attempt, as if it had run it.
+    """
+    started = time.monotonic()
+    try:
+        return fn()
+    except Transient as exc:
+        failed: Transient | None = exc
+
+    def replay() -> T:
+        nonlocal failed
+        if failed is not None:
+            exc, failed = failed, None
+            raise exc
+        return fn()
+
+    return run(call_policy(max_delay, operation, started), replay, endpoints)

@@ -132,7 +132,7 @@ class Etcd3Backend(Backend):
 
     def _retrying(self, operation: str, fn: Callable[[], T]) -> T:
         try:
-            return retry.run(retry.call_policy(self.options.retry_max_delay, operation), fn, self.endpoints)
+            return retry.call(self.options.retry_max_delay, operation, fn, self.endpoints)
         except Failure as exc:
             raise BackendError(f"etcd {operation} failed: {exc}") from None
 
