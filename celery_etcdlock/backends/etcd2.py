@@ -9,10 +9,15 @@ the owner check: renewals (``refresh=true``) and deletes carry it as
 v2 has no leases: a lease here is the group of keys one renewal round
 refreshes, each with its own TTL (whole seconds, rounded up).
 
-python-etcd is used for HTTP, TLS, auth and error decoding, one client per
-endpoint, without its own fail-over (which contacts the server in its
-constructor); fail-over between endpoints is ours, driven by the retry
-policy. python-etcd's own error logs are silenced: we log every retry.
+python-etcd sets up HTTP, TLS and auth, one client per endpoint, without
+its own fail-over (which contacts the server in its constructor); fail-over
+between endpoints is ours, driven by the retry policy. Requests go straight
+to the urllib3 connection pool of that client, and its answers are checked
+and decoded here as python-etcd's ``api_execute`` would (same cluster-ID
+check, same error payloads): its request path parses the URL, looks the
+pool up and wraps the call again on every request, which cost a waiting
+process more CPU than the rest of its work on a handoff. python-etcd's own
+error logs are silenced: we log every retry.
 """
 
 from __future__ import annotations
@@ -23,10 +28,14 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from http.client import HTTPException
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import etcd
+import urllib3
 from celery.utils.log import get_logger
+from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
@@ -84,8 +93,25 @@ class Etcd2Backend(Backend):
         self._current = 0
         self._local = threading.Lock()
         self._clients: list[etcd.Client | None] = [None] * len(self.endpoints)
+        self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
+        self._cluster_ids: list[str | None] = [None] * len(self.endpoints)
+        self._keys_path = "/v2/keys"  # python-etcd's key_endpoint with its default version prefix
+        self._headers: dict[str, str] = (
+            urllib3.make_headers(basic_auth=f"{options.username}:{options.password}")
+            if options.username and options.password
+            else {}
+        )
+        self._form_headers = {**self._headers, "Content-Type": "application/x-www-form-urlencoded"}
 
     # -- HTTP ---------------------------------------------------------------
+
+    def _pool(self, index: int) -> urllib3.HTTPConnectionPool:
+        """The connection pool of endpoint ``index`` (lock held): python-etcd's, looked up once."""
+        pool = self._pools[index]
+        if pool is None:
+            client = self._client(index)
+            pool = self._pools[index] = client.http.connection_from_url(client.base_uri)
+        return pool
 
     def _client(self, index: int) -> etcd.Client:
         client = self._clients[index]
@@ -120,28 +146,71 @@ class Etcd2Backend(Backend):
     def _request(
         self, method: str, key: str, params: dict[str, Any], timeout: float | None = None
     ) -> tuple[dict[str, Any], int]:
-        """One HTTP request to the current endpoint: (decoded body, X-Etcd-Index)."""
+        """One HTTP request to the current endpoint: (decoded body, X-Etcd-Index).
+
+        What python-etcd's ``api_execute`` did, without its per-request URL parsing and
+        pool lookup: GET and DELETE carry ``params`` in the query, PUT and POST as a form.
+        """
         with self._local:
             index = self._current
-            client = self._client(index)
+            pool = self._pool(index)
         endpoint = self.endpoints[index]
+        url = f"{self._keys_path}{self._path(key)}"
+        body: str | None = None
+        headers = self._headers
+        if method in ("PUT", "POST"):
+            if params:
+                body, headers = urlencode(params), self._form_headers
+        elif params:
+            url = f"{url}?{urlencode(params)}"
         try:
-            response = client.api_execute(
-                client.key_endpoint + self._path(key), method, params=params, timeout=timeout or self.options.timeout
+            response = pool.urlopen(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=timeout or self.options.timeout,
+                retries=False,
+                redirect=False,
+                assert_same_host=False,
+                preload_content=False,
             )
-        except etcd.EtcdWatchTimedOut:
-            raise _WatchTimedOut() from None
-        except etcd.EtcdConnectionFailed as exc:
+            self._check_cluster_id(index, endpoint, response.headers.get("X-Etcd-Cluster-Id"))
+            data = response.data  # read here: an I/O error while reading is a failed request too
+        except (HTTPError, HTTPException, OSError) as exc:
+            if params.get("wait") == "true" and isinstance(exc, ReadTimeoutError):
+                raise _WatchTimedOut() from None
             self._rotate(index)
-            raise retry.Transient(endpoint, exc.__cause__ or exc) from None
-        except etcd.EtcdException as exc:
-            payload = exc.payload if isinstance(exc.payload, dict) else {}
-            raise self._classify(endpoint, payload, str(exc)) from None
+            raise retry.Transient(endpoint, f"Connection to etcd failed due to {exc!r}") from None
+        if response.status not in (200, 201):
+            raise self._error(endpoint, response.status, data)
         try:
-            body = json.loads(response.data.decode("utf-8"))
+            decoded = json.loads(data.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
             raise _Failure(None, {}, f"{endpoint} sent a response that is not JSON") from None
-        return body, int(response.headers.get("X-Etcd-Index", 0))
+        return decoded, int(response.headers.get("X-Etcd-Index", 0))
+
+    def _check_cluster_id(self, index: int, endpoint: str, cluster_id: str | None) -> None:
+        """python-etcd's check: an endpoint whose cluster ID changes was replaced (say, from a backup)."""
+        if not cluster_id:
+            return
+        expected, self._cluster_ids[index] = self._cluster_ids[index], cluster_id
+        if expected and cluster_id != expected:
+            with self._local:
+                client, self._pools[index] = self._clients[index], None
+            if client is not None:
+                client.http.clear()  # connect afresh next time
+            raise self._classify(endpoint, {}, f"The UUID of the cluster changed from {expected} to {cluster_id}.")
+
+    def _error(self, endpoint: str, status: int, data: bytes) -> Exception:
+        """An answer other than 200/201, decoded as python-etcd's ``EtcdError.handle`` does."""
+        text = data.decode("utf-8")
+        try:
+            payload = json.loads(text)
+            payload["status"] = status
+        except (TypeError, ValueError):
+            payload = {"message": "Bad response", "cause": text}
+        return self._classify(endpoint, payload, f"{payload.get('message')} : {payload.get('cause')}")
 
     def _classify(self, endpoint: str, payload: dict[str, Any], message: str) -> Exception:
         code, status = payload.get("errorCode"), payload.get("status")
@@ -166,7 +235,7 @@ class Etcd2Backend(Backend):
 
     def _retrying(self, operation: str, fn: Callable[[], T]) -> T:
         try:
-            return retry.run(retry.call_policy(self.options.retry_max_delay, operation), fn, self.endpoints)
+            return retry.call(self.options.retry_max_delay, operation, fn, self.endpoints)
         except _Failure as exc:
             raise BackendError(f"etcd {operation} failed: {exc}") from None
 
@@ -391,9 +460,13 @@ class Etcd2Backend(Backend):
     def after_fork(self) -> None:
         self._local = threading.Lock()
         self._clients = [None] * len(self.endpoints)  # their connection pools belong to the parent
+        self._pools = [None] * len(self.endpoints)
+        self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would
 
     def close(self) -> None:
         for client in self._clients:
             if client is not None:
                 client.http.clear()
         self._clients = [None] * len(self.endpoints)
+        self._pools = [None] * len(self.endpoints)
+        self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would
