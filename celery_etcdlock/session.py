@@ -207,10 +207,10 @@ class Session:
         finally:
             # v2 queues are directories, which outlive their last entry: remove one that stays unused
             with self._mutex:
-                closed = self._closed
-                if not closed:
+                tidy = self.backend.leaves_empty_queues and not self._closed
+                if tidy:
                     self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
-            if not closed:
+            if tidy:
                 self._schedule()
 
     def mark_lost(self, claim: Claim, reason: str) -> None:

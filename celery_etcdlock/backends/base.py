@@ -214,6 +214,9 @@ class Backend(abc.ABC):
     def list_queues(self, namespace: str) -> dict[str, list[Entry]]:
         """Every non-empty queue directly under ``namespace``, keyed by queue key."""
 
+    #: True if a queue outlives its last entry (v2 directories), so that ``forget_queue`` has work to do
+    leaves_empty_queues = False
+
     def forget_queue(self, queue: str) -> None:  # noqa: B027 - optional hook
         """Remove the queue's container if it is empty (v2 directories). Best effort."""
 

@@ -85,6 +85,7 @@ class V2Lease(Lease):
 
 class Etcd2Backend(Backend):
     schemes = ("etcd", "etcds")
+    leaves_empty_queues = True  # queues are directories: the renewer removes the unused ones
 
     def __init__(self, options: Any) -> None:  # ConnectionOptions; Any avoids an import cycle
         self.options = options
