@@ -5,8 +5,9 @@ a request timeout, an etcd 5xx, a leader election in progress) is worth
 retrying, possibly on another endpoint; anything else (a failed compare, a
 key that already exists, bad credentials) is an answer and is never retried.
 
-- ``call_policy(max_delay)``: one operation, exponential backoff with jitter,
-  for at most ``max_delay`` seconds (``etcdlock_retry_max_delay``).
+- ``call_policy(max_delay, operation, started)``: one operation, exponential
+  backoff with jitter, for at most ``max_delay`` seconds
+  (``etcdlock_retry_max_delay``) from ``started``.
   ``call()`` runs an operation under it, building it only once a first
   attempt has failed: almost every call succeeds at once, and a tenacity
   ``Retrying`` costs more to build and run than the rest of the client's
@@ -69,12 +70,12 @@ class _stop_after_delay_since(tenacity.stop.stop_base):
         return (ended if ended is not None else time.monotonic()) - self.started >= self.max_delay
 
 
-def call_policy(max_delay: float, operation: str, started: float | None = None) -> tenacity.Retrying:
-    """Retry a transient failure for up to ``max_delay`` seconds (from ``started``, if given)."""
+def call_policy(max_delay: float, operation: str, started: float) -> tenacity.Retrying:
+    """Retry a transient failure until ``max_delay`` seconds have passed since ``started`` (monotonic)."""
     return tenacity.Retrying(
         retry=retry_if_transient,
         wait=backoff,
-        stop=tenacity.stop_after_delay(max_delay) if started is None else _stop_after_delay_since(started, max_delay),
+        stop=_stop_after_delay_since(started, max_delay),
         before_sleep=_log_retry(operation),
         reraise=True,
     )
@@ -100,7 +101,7 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
 
 
 def call(max_delay: float, operation: str, fn: Callable[[], T], endpoints: tuple[str, ...]) -> T:
-    """``run(call_policy(max_delay, operation), fn, endpoints)``, with a first attempt outside tenacity.
+    """Run ``fn`` under ``call_policy``, with its first attempt outside tenacity.
 
     The policy is built only if that attempt fails transiently; it then starts from that
     failure (its first attempt re-raises it: same log line, same backoff before the next
