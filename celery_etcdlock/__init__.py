@@ -3,10 +3,20 @@ and celery beat on many hosts with exactly one leader sending.
 
     from celery_etcdlock import connect, Mutex
 
-    client = connect("etcd://127.0.0.1:2379")
+    client = connect("etcd3://127.0.0.1:2379")
     with Mutex(client, "reports/daily", ttl=10) as lock:
         print("holding", lock.token)
+
+The primitives (``connect``, ``Mutex``, ``RWLock``, ``Election`` and the
+errors) never import Celery; the task decorators and classes load it when
+first used.
 """
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
 
 from .client import Client
 from .connect import connect
@@ -24,9 +34,32 @@ from .errors import (
 )
 from .mutex import Mutex
 from .rwlock import RWLock
-from .tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
+
+if TYPE_CHECKING:
+    from .tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
 
 __version__ = "0.1.0"
+
+# A library logs; the application decides where it goes (Celery's workers and beat configure the root logger).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+#: names of the Celery layer, imported on first use so that the primitives work without Celery
+_CELERY_LAYER = {
+    "RWLockTask": "tasks",
+    "SingletonTask": "tasks",
+    "rwlock_task": "tasks",
+    "singleton_task": "tasks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _CELERY_LAYER.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AuthenticationFailed",
