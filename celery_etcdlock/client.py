@@ -10,13 +10,10 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
 
 from .backends.base import Backend
+from .options import ConnectionOptions
 from .session import Session
-
-if TYPE_CHECKING:
-    from .connect import ConnectionOptions
 
 
 class Client:

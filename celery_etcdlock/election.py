@@ -32,12 +32,11 @@ Event kinds:
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-from celery.utils.log import get_logger
 
 from .backends.base import Entry, WaitResult
 from .client import Client
@@ -45,7 +44,7 @@ from .errors import InvalidUse, NotHeld
 from .keys import ELECTIONS, queue_key
 from .queue import WRITE, QueueLock
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 ELECTED, DEPOSED, CHANGED, ERROR = "elected", "deposed", "changed", "error"
 

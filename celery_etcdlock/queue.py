@@ -26,6 +26,7 @@ leads.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -34,14 +35,13 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from celery.utils.log import get_logger
-
 from .backends.base import Entry, WaitResult
 from .client import Client, check_client
 from .errors import InvalidUse, LockLost, NotHeld
-from .session import Claim, check_ttl
+from .options import check_timeout, check_ttl
+from .session import SessionKey
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 READ, WRITE = "read", "write"
 
@@ -112,30 +112,30 @@ class QueueLock:
         self.data = data
         self._session = client.session(self.ttl)  # looked up again at each acquire: a forked child gets its own
         self._backend = client.backend
-        self._claim: Claim | None = None
-        self._waiting: Claim | None = None
+        self._held: SessionKey | None = None
+        self._waiting: SessionKey | None = None
         self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
         self._cancelled = threading.Event()
-        self._reported: Claim | None = None  # the claim whose loss on_lost was told of: once per hold
+        self._reported: SessionKey | None = None  # the skey whose loss on_lost was told of: once per hold
         self._abort: threading.Event | None = None
 
     # -- public interface -----------------------------------------------------
 
     @property
     def held(self) -> bool:
-        claim = self._claim
-        return claim is not None and claim.alive
+        skey = self._held
+        return skey is not None and skey.alive
 
     @property
     def token(self) -> int | None:
-        claim = self._claim
-        return claim.entry.token if claim is not None else None
+        skey = self._held
+        return skey.entry.token if skey is not None else None
 
     @property
     def fence_entry(self) -> Entry | None:
-        claim = self._claim
-        return claim.entry if claim is not None and claim.alive else None
+        skey = self._held
+        return skey.entry if skey is not None and skey.alive else None
 
     @property
     def holder(self) -> str:
@@ -150,12 +150,11 @@ class QueueLock:
         even if it was set before the acquire started; a wait already under way ends
         at its next wake-up, so pair it with ``cancel()`` to end that wait at once.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+        timeout = check_timeout(timeout)
         if not self._busy.acquire(blocking=False):
             raise InvalidUse(f"lock {self.name!r}: acquire() while this object is already in use")
         try:
-            if self._claim is not None:
+            if self._held is not None:
                 raise InvalidUse(f"lock {self.name!r} is already held by this object (lock objects are not reentrant)")
             self._cancelled.clear()
             self._abort = abort
@@ -166,19 +165,19 @@ class QueueLock:
 
     def release(self) -> None:
         """Release the lock. ``NotHeld`` if this object does not hold it; quiet if it was lost."""
-        claim, self._claim = self._claim, None
-        if claim is None:
+        skey, self._held = self._held, None
+        if skey is None:
             raise NotHeld(f"lock {self.name!r} is not held by this object")
-        was_alive = claim.alive
-        self._session.leave(claim)
+        was_alive = skey.alive
+        self._session.leave(skey)
         if was_alive:
-            logger.info("lock %s released by %s (token %d)", self.name, self.holder, claim.entry.token)
+            logger.info("lock %s released by %s (token %d)", self.name, self.holder, skey.entry.token)
 
     def forfeit(self, reason: str, entry: Entry | None = None) -> None:
         """Give the lock up as lost (its key, ``entry`` if given, was seen deleted) without waiting for a renewal."""
-        claim = self._claim
-        if claim is not None and (entry is None or claim.entry == entry):
-            self._session.mark_lost(claim, reason)
+        skey = self._held
+        if skey is not None and (entry is None or skey.entry == entry):
+            self._session.mark_lost(skey, reason)
 
     def cancel(self) -> None:
         """Make a blocked ``acquire()`` in another thread give up (it returns False) and leave the queue now."""
@@ -199,11 +198,11 @@ class QueueLock:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        claim = self._claim
-        lost = claim is not None and not claim.alive
+        skey = self._held
+        lost = skey is not None and not skey.alive
         self.release()
         if lost and exc_type is None:
-            reason = claim.lost_reason if claim is not None and claim.lost_reason else "its TTL ran out"
+            reason = skey.lost_reason if skey is not None and skey.lost_reason else "its TTL ran out"
             raise LockLost(f"lock {self.name!r} was lost while the block ran: {reason}")
 
     def __repr__(self) -> str:
@@ -221,26 +220,26 @@ class QueueLock:
         if self._given_up():
             return False  # aborted before it began: do not even show up in the queue
         self._session = self.client.session(self.ttl)
-        claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
+        skey, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
         try:
-            if not self._wait_with(claim):
-                self._session.leave(claim)
+            if not self._wait_with(skey):
+                self._session.leave(skey)
                 return False
             while True:
-                mine = snapshot.find(claim.entry.token)
+                mine = snapshot.find(skey.entry.token)
                 if mine is None:  # maybe a lagging member: ask the leader before giving up the entry
                     snapshot = self._backend.read_queue(self.queue, fresh=True)
-                    mine = snapshot.find(claim.entry.token)
-                if mine is None or not claim.alive:
-                    self._session.leave(claim)
+                    mine = snapshot.find(skey.entry.token)
+                if mine is None or not skey.alive:
+                    self._session.leave(skey)
                     if time.monotonic() >= deadline or self._given_up():
                         return False
                     logger.warning(
                         "lock %s: queue entry of %s vanished while waiting; queueing again", self.name, self.holder
                     )
-                    claim, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
-                    if not self._wait_with(claim):
-                        self._session.leave(claim)
+                    skey, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
+                    if not self._wait_with(skey):
+                        self._session.leave(skey)
                         return False
                     continue
                 blocker = blocker_of(snapshot.entries, mine, self.mode)
@@ -248,22 +247,22 @@ class QueueLock:
                     with self._state:
                         cancelled = self._given_up()
                         if not cancelled:
-                            self._claim, self._waiting = claim, None
+                            self._held, self._waiting = skey, None
                     if cancelled:
-                        self._session.leave(claim)
+                        self._session.leave(skey)
                         return False
                     logger.info("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
-                    if claim.lost.is_set():  # lost in the instant before it became ours: _lost may have skipped it
-                        self._lost(claim, claim.lost_reason or "lost")
+                    if skey.lost.is_set():  # lost in the instant before it became ours: _lost may have skipped it
+                        self._lost(skey, skey.lost_reason or "lost")
                     return True
-                if not self._wait_for(blocker, snapshot.revision, deadline, claim):
-                    self._session.leave(claim)
+                if not self._wait_for(blocker, snapshot.revision, deadline, skey):
+                    self._session.leave(skey)
                     return False
                 snapshot = self._backend.read_queue(self.queue)
         except BaseException:
-            if self._claim is claim:
-                self._claim = None
-            self._session.leave(claim)  # never leave a dead request blocking the queue
+            if self._held is skey:
+                self._held = None
+            self._session.leave(skey)  # never leave a dead request blocking the queue
             raise
         finally:
             with self._state:
@@ -272,15 +271,15 @@ class QueueLock:
     def _given_up(self) -> bool:
         return self._cancelled.is_set() or (self._abort is not None and self._abort.is_set())
 
-    def _wait_with(self, claim: Claim) -> bool:
-        """Make ``claim`` the one cancel() deletes; False if cancel() came first."""
+    def _wait_with(self, skey: SessionKey) -> bool:
+        """Make ``skey`` the one cancel() deletes; False if cancel() came first."""
         with self._state:
             if self._given_up():
                 return False
-            self._waiting = claim
+            self._waiting = skey
             return True
 
-    def _wait_for(self, blocker: Entry, revision: int, deadline: float, claim: Claim) -> bool:
+    def _wait_for(self, blocker: Entry, revision: int, deadline: float, skey: SessionKey) -> bool:
         """Wait until ``blocker`` goes (True: read again) or the deadline passes (False)."""
         logger.debug("lock %s: %s waits for token %d", self.name, self.holder, blocker.token)
         while True:
@@ -294,14 +293,14 @@ class QueueLock:
                 logger.debug(
                     "lock %s: %s cannot watch from index %d any more; reading again", self.name, self.holder, revision
                 )
-            if result is not WaitResult.TIMEOUT or not claim.alive:
+            if result is not WaitResult.TIMEOUT or not skey.alive:
                 return not self._given_up()
 
-    def _lost(self, claim: Claim, reason: str) -> None:
+    def _lost(self, skey: SessionKey, reason: str) -> None:
         with self._state:
-            if self._claim is not claim or not claim.lost.is_set() or self._reported is claim:
+            if self._held is not skey or not skey.lost.is_set() or self._reported is skey:
                 return  # a request still waiting (the acquire loop queues it again), a past hold, or said already
-            self._reported = claim
-        logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, claim.entry.token, reason)
+            self._reported = skey
+        logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, reason)
         if self.on_lost is not None:
             self.on_lost(self)

@@ -21,17 +21,18 @@ endpoints tried.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import tenacity
 import tenacity.stop
-from celery.utils.log import get_logger
 
+from . import clock
 from .errors import BackendUnavailable
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -82,11 +83,11 @@ def call_policy(max_delay: float, operation: str, started: float) -> tenacity.Re
 
 
 def renewal_policy(deadline: float, operation: str) -> tenacity.Retrying:
-    """Retry a transient failure only while the next attempt could beat ``deadline`` (monotonic)."""
+    """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``)."""
     return tenacity.Retrying(
         retry=retry_if_transient,
         wait=quick_backoff,
-        stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
+        stop=tenacity.stop_before_delay(max(0.0, deadline - clock.now())),
         before_sleep=_log_retry(operation),
         reraise=True,
     )

@@ -24,8 +24,8 @@ from typing import Any
 
 from .client import Client, check_client
 from .keys import LOCKS, queue_key
+from .options import check_ttl
 from .queue import READ, WRITE, QueueLock
-from .session import check_ttl
 
 
 class RWLock:

@@ -13,16 +13,16 @@ Each lease keeps a local deadline: the *send* time (monotonic clock) of the
 last renewal that succeeded, plus the TTL etcd was given, minus a safety
 margin. The server cannot expire the lease's entries before that moment, so
 a holder that checks the deadline steps down before anyone else can step
-in. When the deadline passes, or a renewal finds an entry gone, every claim
+in. When the deadline passes, or a renewal finds an entry gone, every skey
 concerned is marked lost at once and its ``on_lost`` callback runs on the
 renewer thread, outside every lock (also for a loss another thread saw). A
-claim knows its own lease, so a claim is never judged by a clock that does
+skey knows its own lease, so a skey is never judged by a clock that does
 not renew it.
 
     session = client.session(ttl=10)
-    claim, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=lambda claim, why: print(why))
-    claim.alive        # False once lost, or in a forked child
-    session.leave(claim)
+    skey, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=lambda skey, why: print(why))
+    skey.alive        # False once lost, or in a forked child
+    session.leave(skey)
 
 Sessions do not survive ``fork()``: the child starts with none and builds
 its own on first use (see ``Client``).
@@ -31,29 +31,17 @@ its own on first use (see ``Client``).
 from __future__ import annotations
 
 import contextlib
-import math
+import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from celery.utils.log import get_logger
-
-from . import retry
+from . import clock, retry
 from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
 from .errors import BackendError
 
-logger = get_logger(__name__)
-
-
-def check_ttl(value: object, name: str = "ttl") -> float:
-    """A TTL is a positive, finite number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-    return float(value)
+logger = logging.getLogger(__name__)
 
 
 TIDY_DELAY = 5.0  # seconds a released queue stays unused before its (v2) directory is removed
@@ -67,13 +55,13 @@ def safety_margin(ttl: float) -> float:
     return min(max(0.1, 0.05 * ttl), ttl / 4)
 
 
-class Claim:
-    """One entry this process created and keeps alive until it leaves."""
+class SessionKey:
+    """One queue entry this process created and keeps alive until it leaves (etcd: a Mutex's myKey and myRev)."""
 
     def __init__(
-        self, tenancy: Tenancy, queue: str, entry: Entry, on_lost: Callable[[Claim, str], None] | None
+        self, lease: SessionLease, queue: str, entry: Entry, on_lost: Callable[[SessionKey, str], None] | None
     ) -> None:
-        self.tenancy = tenancy
+        self.lease = lease
         self.queue = queue
         self.entry = entry
         self.on_lost = on_lost
@@ -86,25 +74,29 @@ class Claim:
         return (
             not self.lost.is_set()
             and self.pid == os.getpid()
-            and not self.tenancy.lease.expired
-            and time.monotonic() < self.tenancy.deadline
+            and not self.lease.handle.expired
+            and clock.now() < self.lease.deadline
         )
 
     def __repr__(self) -> str:
-        return f"<Claim {self.entry.key} token={self.entry.token} alive={self.alive}>"
+        return f"<SessionKey {self.entry.key} token={self.entry.token} alive={self.alive}>"
 
 
-class Tenancy:
-    """A lease, the claims riding on it, and its clock (guarded by the session's mutex)."""
+class SessionLease:
+    """One lease of a session (etcd: the session's lease), the keys riding on it, and its clock.
 
-    def __init__(self, lease: Lease) -> None:
-        self.lease = lease
-        self.claims: dict[str, Claim] = {}
-        self.deadline = 0.0  # monotonic: the server cannot expire the lease's entries before it
+    Guarded by the session's mutex. A session has one lease that new keys go on
+    (v3), and keeps older ones alive as long as keys still ride on them.
+    """
+
+    def __init__(self, handle: Lease) -> None:
+        self.handle = handle  # the backend's lease: etcd's in v3; in v2, the one key it carries
+        self.skeys: dict[str, SessionKey] = {}
+        self.deadline = 0.0  # on clock.now(): the server cannot expire the lease's entries before it
         self.next_renewal = float("inf")
-        self.strays: dict[str, int] = {}  # keys on the lease that no claim owns -> renewals that saw them
-        self.joining = 0  # joins in flight: their keys may be on the lease before their claims exist
-        self.dropped = False  # expired or idle: no claim may join it any more
+        self.strays: dict[str, int] = {}  # keys on the lease that no skey owns -> renewals that saw them
+        self.joining = 0  # joins in flight: their keys may be on the lease before their skeys exist
+        self.dropped = False  # expired or idle: no skey may join it any more
 
     def restart_clock(self, sent: float, server_ttl: int, margin: float) -> None:
         self.deadline = sent + server_ttl - margin
@@ -120,13 +112,13 @@ class Session:
         self.server_ttl = server_ttl(ttl)  # what etcd is asked for: the clocks run on it
         self.margin = safety_margin(self.server_ttl)
         self.retry_max_delay = retry_max_delay
-        self._mutex = threading.Lock()  # guards the tenancies, their claims and clocks, and _tidy
+        self._mutex = threading.Lock()  # guards the leases, their skeys and clocks, and _tidy
         self._granting = threading.Lock()  # one grant at a time: concurrent joins share one lease
-        self._tenancies: list[Tenancy] = []
-        self._shared: Tenancy | None = None  # the lease new entries go on (v3)
+        self._leases: list[SessionLease] = []
+        self._shared: SessionLease | None = None  # the lease new entries go on (v3)
         self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
         self._not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
-        self._unnotified: list[Claim] = []  # lost by another thread: the renewer runs their on_lost
+        self._unnotified: list[SessionKey] = []  # lost by another thread: the renewer runs their on_lost
         self._closed = False
         self._wakeup = threading.Condition()  # guards the renewer thread and _wake_at; taken before _mutex
         self._renewer: threading.Thread | None = None
@@ -136,10 +128,10 @@ class Session:
     def next_due(self) -> float:
         """When the renewer should next call ``renew()``: a renewal, an expiry or a tidy-up (inf: never)."""
         with self._mutex:
-            busy = [t for t in self._tenancies if t.claims]
+            busy = [t for t in self._leases if t.skeys]
             times = [min(t.next_renewal, t.deadline) for t in busy] + list(self._tidy.values())
-            if not busy and self._tenancies:
-                times.append(min(t.deadline for t in self._tenancies))  # to drop idle leases
+            if not busy and self._leases:
+                times.append(min(t.deadline for t in self._leases))  # to drop idle leases
             if self._unnotified:
                 times.append(0.0)
         return max(min(times, default=float("inf")), self._not_before)
@@ -147,36 +139,36 @@ class Session:
     # -- used by the primitives ---------------------------------------------
 
     def join(
-        self, queue: str, value: dict[str, Any], on_lost: Callable[[Claim, str], None] | None = None
-    ) -> tuple[Claim, Snapshot]:
+        self, queue: str, value: dict[str, Any], on_lost: Callable[[SessionKey, str], None] | None = None
+    ) -> tuple[SessionKey, Snapshot]:
         """Create a new entry in ``queue``, kept alive until ``leave``; and the queue as it then was."""
         for _attempt in range(3):
-            tenancy = self._tenancy_for_new_entry()
-            sent = time.monotonic()
+            lease = self._lease_for_new_entry()
+            sent = clock.now()
             try:
-                entry, snapshot = self.backend.join_queue(queue, value, tenancy.lease)
+                entry, snapshot = self.backend.join_queue(queue, value, lease.handle)
             except LeaseExpired:
                 with self._mutex:
-                    tenancy.joining -= 1
-                    self._unnotified += self._expire(tenancy, "its lease expired on the server")
+                    lease.joining -= 1
+                    self._unnotified += self._expire(lease, "its lease expired on the server")
                 self._schedule()
                 continue
             except BaseException:
                 with self._mutex:
-                    tenancy.joining -= 1  # its key, if created, is a stray now: a renewal deletes it
+                    lease.joining -= 1  # its key, if created, is a stray now: a renewal deletes it
                 raise
             with self._mutex:
-                tenancy.joining -= 1
-                if tenancy.dropped or tenancy.lease.expired:
+                lease.joining -= 1
+                if lease.dropped or lease.handle.expired:
                     stale = True  # the lease was revoked or expired while the join was in flight
                 else:
                     stale = False
                     self._tidy.pop(queue, None)
-                    if self.backend.creating_renews:  # v2: the entry's own TTL starts now
-                        tenancy.restart_clock(sent, self.server_ttl, self.margin)
-                        self._tenancies.append(tenancy)
-                    claim = Claim(tenancy, queue, entry, on_lost)
-                    tenancy.claims[entry.key] = claim
+                    if self.backend.entries_have_own_ttl:  # v2: the entry's own TTL starts now
+                        lease.restart_clock(sent, self.server_ttl, self.margin)
+                        self._leases.append(lease)
+                    skey = SessionKey(lease, queue, entry, on_lost)
+                    lease.skeys[entry.key] = skey
             if stale:
                 with contextlib.suppress(BackendError):
                     self.backend.delete_entry(entry)
@@ -185,137 +177,137 @@ class Session:
                 self._schedule()
             except BaseException:  # no renewer (say, no thread could start): the entry must not stay
                 with self._mutex:
-                    self._forget(claim)
+                    self._forget(skey)
                 with contextlib.suppress(BackendError):
                     self.backend.delete_entry(entry)
                 raise
-            return claim, snapshot
+            return skey, snapshot
         raise BackendError(f"could not create an entry in {queue}: its lease kept expiring")
 
-    def leave(self, claim: Claim) -> bool:
-        """Stop renewing ``claim`` and delete its entry (guarded). False if it was already gone."""
+    def leave(self, skey: SessionKey) -> bool:
+        """Stop renewing ``skey`` and delete its entry (guarded). False if it was already gone."""
         with self._mutex:
-            self._forget(claim)
-        if claim.pid != os.getpid():
+            self._forget(skey)
+        if skey.pid != os.getpid():
             return False  # a parent's entry, inherited through fork: not ours to delete
         try:
-            return self.backend.delete_entry(claim.entry)
+            return self.backend.delete_entry(skey.entry)
         except BackendError as exc:
             # v2: nobody refreshes it any more; v3: it rides on a live lease, so a renewal deletes it as a stray
-            logger.warning("could not delete %s (%s); it goes within %ss", claim.entry.key, exc, self.ttl)
+            logger.warning("could not delete %s (%s); it goes within %ss", skey.entry.key, exc, self.ttl)
             return False
         finally:
             # v2 queues are directories, which outlive their last entry: remove one that stays unused
             with self._mutex:
-                tidy = self.backend.leaves_empty_queues and not self._closed
+                tidy = self.backend.queues_outlive_entries and not self._closed
                 if tidy:
-                    self._tidy[claim.queue] = time.monotonic() + TIDY_DELAY
+                    self._tidy[skey.queue] = clock.now() + TIDY_DELAY
             if tidy:
                 self._schedule()
 
-    def mark_lost(self, claim: Claim, reason: str) -> None:
-        """Stop renewing ``claim`` and mark it lost now (its key was seen deleted)."""
+    def mark_lost(self, skey: SessionKey, reason: str) -> None:
+        """Stop renewing ``skey`` and mark it lost now (its key was seen deleted)."""
         with self._mutex:
-            self._forget(claim)
-            self._unnotified += _lose([claim], reason)
+            self._forget(skey)
+            self._unnotified += _lose([skey], reason)
         self._schedule()
 
     # -- used by the renewer ------------------------------------------------
 
     def renew(self) -> None:
         """Renew every lease that is due, expire every lease past its deadline, then tidy."""
-        now = time.monotonic()
+        now = clock.now()
         with self._mutex:
             lost, self._unnotified = self._unnotified, []
-            for tenancy in list(self._tenancies):
-                if not tenancy.claims:
-                    if tenancy is not self._shared or now >= tenancy.deadline:
-                        self._drop(tenancy)  # idle: its keys are gone; an idle shared lease just lapses
-                elif now >= tenancy.deadline:
-                    lost += self._expire(tenancy, f"no renewal succeeded within its {self.server_ttl}s TTL")
-            due = [t for t in self._tenancies if t.claims and t.next_renewal <= now]
+            for lease in list(self._leases):
+                if not lease.skeys:
+                    if lease is not self._shared or now >= lease.deadline:
+                        self._drop(lease)  # idle: its keys are gone; an idle shared lease just lapses
+                elif now >= lease.deadline:
+                    lost += self._expire(lease, f"no renewal succeeded within its {self.server_ttl}s TTL")
+            due = [t for t in self._leases if t.skeys and t.next_renewal <= now]
         _notify(lost)
-        for tenancy in due:
-            self._renew(tenancy)
+        for lease in due:
+            self._renew(lease)
         self._tidy_queues()  # last: housekeeping must never delay a renewal
 
-    def _renew(self, tenancy: Tenancy) -> None:
+    def _renew(self, lease: SessionLease) -> None:
         with self._mutex:
-            claims = list(tenancy.claims.values())
-            deadline = tenancy.deadline
+            skeys = list(lease.skeys.values())
+            deadline = lease.deadline
         # one renewal period at most: a failing lease comes back soon, after the session's other leases
-        stop_at = min(deadline, time.monotonic() + self.server_ttl / 3)
-        lease = tenancy.lease
-        sent = time.monotonic()
+        stop_at = min(deadline, clock.now() + self.server_ttl / 3)
+        handle = lease.handle
+        sent = clock.now()
         try:
             gone = retry.run(
-                retry.renewal_policy(stop_at, f"renewal of {len(claims)} entries (lease {lease.id})"),
+                retry.renewal_policy(stop_at, f"renewal of {len(skeys)} entries (lease {handle.id})"),
                 lambda: self.backend.keep_alive(
-                    lease,
-                    [c.entry for c in claims],
-                    timeout=max(0.05, min(stop_at - time.monotonic(), self.server_ttl / 3)),
+                    handle,
+                    [skey.entry for skey in skeys],
+                    timeout=max(0.05, min(stop_at - clock.now(), self.server_ttl / 3)),
                 ),
                 self.backend.endpoints,
             )
         except BackendError as exc:
             with self._mutex:
-                if time.monotonic() >= tenancy.deadline:
-                    lost = self._expire(tenancy, f"renewal failed until its deadline: {exc}")
+                if clock.now() >= lease.deadline:
+                    lost = self._expire(lease, f"no renewal succeeded before its deadline: {exc}")
                 else:
                     lost = []
-                    logger.warning("renewal of lease %s failed (%s); trying again", lease.id, exc)
-                    tenancy.next_renewal = time.monotonic() + min(0.5, self.server_ttl / 10)
+                    logger.warning("renewal of lease %s failed (%s); trying again", handle.id, exc)
+                    lease.next_renewal = clock.now() + min(0.5, self.server_ttl / 10)
             _notify(lost)
             return
         with self._mutex:
-            if lease.expired:
-                lost = self._expire(tenancy, "its lease expired on the server")
-            elif time.monotonic() >= deadline:
+            if handle.expired:
+                lost = self._expire(lease, "its lease expired on the server")
+            elif clock.now() >= deadline:
                 # held already read False meanwhile: a late success must not bring the locks back
-                lost = self._expire(tenancy, "its renewal came back after the deadline")
+                lost = self._expire(lease, "its renewal came back after the deadline")
             else:
-                tenancy.restart_clock(sent, self.server_ttl, self.margin)
+                lease.restart_clock(sent, self.server_ttl, self.margin)
                 lost = _lose(
-                    [c for c in (tenancy.claims.pop(k, None) for k in gone) if c is not None],
+                    [skey for skey in (lease.skeys.pop(key, None) for key in gone) if skey is not None],
                     "its key was deleted or expired",
                 )
-            strays = self._strays(tenancy)
+            strays = self._strays(lease)
         _notify(lost)
         for key in strays:
             try:
-                self.backend.delete_stray(lease, key)
-                logger.info("deleted %s: left on lease %s by a failed delete or an interrupted join", key, lease.id)
+                self.backend.delete_stray(handle, key)
+                logger.info("deleted %s: left on lease %s by a failed delete or an interrupted join", key, handle.id)
             except BackendError as exc:
-                logger.warning("could not delete stray %s on lease %s: %s", key, lease.id, exc)
+                logger.warning("could not delete stray %s on lease %s: %s", key, handle.id, exc)
 
     # -- process life -------------------------------------------------------
 
     def drop_all(self) -> None:
-        """Forget every claim without marking it lost (after fork: they are the parent's)."""
+        """Forget every skey without marking it lost (after fork: they are the parent's)."""
         self._mutex = threading.Lock()  # another thread may have held these at the fork
         self._granting = threading.Lock()
         self._wakeup = threading.Condition()
         self._renewer = None  # it did not survive the fork
         self._wake_at = float("inf")
-        self._tenancies = []
+        self._leases = []
         self._shared = None
         self._tidy = {}
         self._unnotified = []
 
     def close(self) -> None:
-        """Mark every claim lost and revoke the leases (v3): their entries go at once."""
+        """Mark every key lost and free it on the server at once (v3 revokes the leases, v2 deletes the keys)."""
         with self._mutex:
-            tenancies = list(self._tenancies)
-            lost = [c for t in tenancies for c in self._expire(t, "its session was closed")]
+            leases = [(lease, [skey.entry for skey in lease.skeys.values()]) for lease in self._leases]
+            lost = [skey for lease, _ in leases for skey in self._expire(lease, "its session was closed")]
             lost += self._unnotified
             self._unnotified, self._tidy = [], {}  # nothing left for the renewer: it ends when it next wakes
             self._closed = True  # and a lock released later leaves nothing for it either
         _notify(lost)
-        for tenancy in tenancies:
+        for lease, entries in leases:
             try:
-                self.backend.revoke(tenancy.lease)
+                self.backend.revoke(lease.handle, entries)
             except BackendError as exc:
-                logger.warning("could not revoke lease %s: %s", tenancy.lease.id, exc)
+                logger.warning("could not free lease %s (%s); its keys expire in %ss", lease.handle.id, exc, self.ttl)
 
     # -- the renewer thread -----------------------------------------------------
 
@@ -340,7 +332,7 @@ class Session:
                 if due == float("inf"):
                     self._renewer = None  # nothing to keep alive: the next join starts a new renewer
                     return
-                now = time.monotonic()
+                now = clock.now()
                 if due > now:
                     self._wake_at = due
                     self._wakeup.wait(due - now)
@@ -350,16 +342,16 @@ class Session:
                 self.renew()
             except Exception:  # the renewer must outlive any failure: every lock of the session depends on it
                 logger.exception("renewal of the %gs session failed unexpectedly", self.ttl)
-                self._not_before = time.monotonic() + 0.5
+                self._not_before = clock.now() + 0.5
 
     # -- internals --------------------------------------------------------------
 
-    def _tenancy_for_new_entry(self) -> Tenancy:
-        """The tenancy a new entry goes on, with the join counted in (``joining``)."""
-        if self.backend.creating_renews:
-            tenancy = Tenancy(self.backend.grant(self.ttl))  # v2: every key is its own lease; no request
-            tenancy.joining = 1
-            return tenancy
+    def _lease_for_new_entry(self) -> SessionLease:
+        """The lease a new entry goes on, with the join counted in (``joining``)."""
+        if self.backend.entries_have_own_ttl:
+            lease = SessionLease(self.backend.grant(self.ttl))  # v2: every key is its own lease; no request
+            lease.joining = 1
+            return lease
         with self._granting:
             with self._mutex:
                 shared = self._shared
@@ -367,84 +359,84 @@ class Session:
                 if (
                     shared is not None
                     and not shared.dropped
-                    and not shared.lease.expired
-                    and time.monotonic() < shared.deadline - self.server_ttl / 3
+                    and not shared.handle.expired
+                    and clock.now() < shared.deadline - self.server_ttl / 3
                 ):
                     shared.joining += 1
                     return shared
-            sent = time.monotonic()
-            tenancy = Tenancy(self.backend.grant(self.ttl))
-            tenancy.restart_clock(sent, self.server_ttl, self.margin)
-            tenancy.joining = 1
+            sent = clock.now()
+            lease = SessionLease(self.backend.grant(self.ttl))
+            lease.restart_clock(sent, self.server_ttl, self.margin)
+            lease.joining = 1
             with self._mutex:
-                self._shared = tenancy
-                self._tenancies.append(tenancy)
-            return tenancy
+                self._shared = lease
+                self._leases.append(lease)
+            return lease
 
     def _tidy_queues(self) -> None:
-        now = time.monotonic()
+        now = clock.now()
         with self._mutex:
             due = [queue for queue, when in self._tidy.items() if when <= now]
             for queue in due:
                 del self._tidy[queue]
-            in_use = {claim.queue for t in self._tenancies for claim in t.claims.values()}
+            in_use = {skey.queue for t in self._leases for skey in t.skeys.values()}
         for queue in due:
             if queue not in in_use:
                 self.backend.forget_queue(queue)
 
-    def _strays(self, tenancy: Tenancy) -> list[str]:
-        """Keys the lease carries that no claim owns, seen by two renewals in a row (mutex held).
+    def _strays(self, lease: SessionLease) -> list[str]:
+        """Keys the lease carries that no skey owns, seen by two renewals in a row (mutex held).
 
         A join in flight owns its key a moment after creating it; a key still unowned a renewal
         later was left by a delete that failed or a join that was interrupted.
         """
-        carried = tenancy.lease.keys
+        carried = lease.handle.keys
         if carried is None:
             return []
-        if tenancy.joining:  # a join in flight may own an unclaimed key: judge nothing this time
-            tenancy.strays.clear()
+        if lease.joining:  # a join in flight may own an unskeyed key: judge nothing this time
+            lease.strays.clear()
             return []
-        unowned = carried - tenancy.claims.keys()
-        tenancy.strays = {key: tenancy.strays.get(key, 0) + 1 for key in unowned}
-        return [key for key, seen in tenancy.strays.items() if seen >= 2]
+        unowned = carried - lease.skeys.keys()
+        lease.strays = {key: lease.strays.get(key, 0) + 1 for key in unowned}
+        return [key for key, seen in lease.strays.items() if seen >= 2]
 
-    def _forget(self, claim: Claim) -> None:
-        """Stop renewing ``claim`` (mutex held); a lease that carries nothing else goes with it (v2)."""
-        tenancy = claim.tenancy
-        tenancy.claims.pop(claim.entry.key, None)
-        if not tenancy.claims and tenancy is not self._shared and tenancy in self._tenancies:
-            self._drop(tenancy)
+    def _forget(self, skey: SessionKey) -> None:
+        """Stop renewing ``skey`` (mutex held); a lease that carries nothing else goes with it (v2)."""
+        lease = skey.lease
+        lease.skeys.pop(skey.entry.key, None)
+        if not lease.skeys and lease is not self._shared and lease in self._leases:
+            self._drop(lease)
 
-    def _drop(self, tenancy: Tenancy) -> None:
-        tenancy.dropped = True
-        self._tenancies.remove(tenancy)
-        if tenancy is self._shared:
+    def _drop(self, lease: SessionLease) -> None:
+        lease.dropped = True
+        self._leases.remove(lease)
+        if lease is self._shared:
             self._shared = None
 
-    def _expire(self, tenancy: Tenancy, reason: str) -> list[Claim]:
-        """Every claim on ``tenancy`` is lost (mutex held). Returns the claims to notify."""
-        claims = list(tenancy.claims.values())
-        tenancy.claims.clear()
-        tenancy.deadline = float("-inf")  # any claim still pointing here reads not alive
-        tenancy.dropped = True
-        if tenancy in self._tenancies:
-            self._drop(tenancy)
-        return _lose(claims, reason)
+    def _expire(self, lease: SessionLease, reason: str) -> list[SessionKey]:
+        """Every skey on ``lease`` is lost (mutex held). Returns the skeys to notify."""
+        skeys = list(lease.skeys.values())
+        lease.skeys.clear()
+        lease.deadline = float("-inf")  # any skey still pointing here reads not alive
+        lease.dropped = True
+        if lease in self._leases:
+            self._drop(lease)
+        return _lose(skeys, reason)
 
 
-def _lose(claims: list[Claim], reason: str) -> list[Claim]:
-    newly_lost = [claim for claim in claims if not claim.lost.is_set()]
-    for claim in newly_lost:
-        claim.lost_reason = reason
-        claim.lost.set()
+def _lose(skeys: list[SessionKey], reason: str) -> list[SessionKey]:
+    newly_lost = [skey for skey in skeys if not skey.lost.is_set()]
+    for skey in newly_lost:
+        skey.lost_reason = reason
+        skey.lost.set()
     return newly_lost
 
 
-def _notify(claims: list[Claim]) -> None:
+def _notify(skeys: list[SessionKey]) -> None:
     """Run the on_lost callbacks, outside every session lock (a callback may release its lock)."""
-    for claim in claims:
-        if claim.on_lost is not None:
+    for skey in skeys:
+        if skey.on_lost is not None:
             try:
-                claim.on_lost(claim, claim.lost_reason or "lost")
+                skey.on_lost(skey, skey.lost_reason or "lost")
             except Exception:
-                logger.exception("on_lost callback for %s raised", claim.entry.key)
+                logger.exception("on_lost callback for %s raised", skey.entry.key)

@@ -5,7 +5,7 @@
 
 | setting                    | default                 |
 | -------------------------- | ----------------------- |
-| ``etcdlock_url``           | ``etcd://127.0.0.1:2379`` |
+| ``etcdlock_url``           | ``etcd3://127.0.0.1:2379`` |
 | ``etcdlock_prefix``        | the URL's ``?prefix=``, else ``/celery-etcdlock`` |
 | ``etcdlock_ttl``           | ``30`` (seconds)        |
 | ``etcdlock_beat_ttl``      | ``10`` (seconds)        |
@@ -24,10 +24,10 @@ from typing import Any
 
 from .client import Client
 from .connect import connect
-from .session import check_ttl
+from .options import DEFAULT_URL, check_seconds, check_ttl
 
 DEFAULTS: dict[str, Any] = {
-    "etcdlock_url": "etcd://127.0.0.1:2379",
+    "etcdlock_url": DEFAULT_URL,
     "etcdlock_prefix": None,  # the URL's ?prefix=, else DEFAULT_PREFIX
     "etcdlock_ttl": 30,
     "etcdlock_beat_ttl": 10,
@@ -64,11 +64,7 @@ class Settings:
 
 
 def _seconds(value: object, name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
-    return float(value)
+    return None if value is None else check_seconds(value, name)
 
 
 _clients: dict[tuple[str, str | None, float | None], Client] = {}

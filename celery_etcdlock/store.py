@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from .backends.base import Entry, Record
 from .client import Client, check_client
-from .keys import RECORDS, decode_name, encode_name, record_key
-from .session import check_ttl
+from .keys import record_key
+from .options import check_ttl
 
 
 class Fence(Protocol):
@@ -71,7 +71,4 @@ class DocumentStore:
     def delete(self, name: str, expect: Record | None = None) -> bool:
         return self._backend.delete_record(self._key(name), expect=expect)
 
-    def list(self) -> dict[str, Record]:
-        """Every document of this kind, by name."""
-        directory = f"{RECORDS}/{encode_name(self.kind)}"
-        return {decode_name(r.key.rsplit("/", 1)[-1]): r for r in self._backend.list_records(directory)}
+

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .options import check_seconds, check_ttl
 
 ON_CONFLICT = ("skip", "raise", "retry", "wait")
 MODES = ("read", "write")
@@ -53,17 +54,17 @@ def check_options(options: dict[str, Any], where: str) -> None:
     if isinstance(key, str) and not key:
         raise ValueError(f"{where}: key must not be an empty string")
     if options.get("lock_ttl") is not None:
-        _positive_seconds(options["lock_ttl"], f"{where}: lock_ttl")
+        check_ttl(options["lock_ttl"], f"{where}: lock_ttl")
     on_conflict = options.get("on_conflict", "skip")
     if on_conflict not in ON_CONFLICT:
         choices = ", ".join(map(repr, ON_CONFLICT))
         raise ValueError(f"{where}: on_conflict must be one of {choices}, not {on_conflict!r}")
     if options.get("lock_timeout") is not None:
-        _non_negative_seconds(options["lock_timeout"], f"{where}: lock_timeout")
+        check_seconds(options["lock_timeout"], f"{where}: lock_timeout")
     if "retry_countdown" in options:
-        _non_negative_seconds(options["retry_countdown"], f"{where}: retry_countdown")
+        check_seconds(options["retry_countdown"], f"{where}: retry_countdown")
     if "dedupe_ttl" in options:
-        _positive_seconds(options["dedupe_ttl"], f"{where}: dedupe_ttl")
+        check_ttl(options["dedupe_ttl"], f"{where}: dedupe_ttl")
     if not isinstance(options.get("dedupe_enqueue", False), bool):
         raise TypeError(f"{where}: dedupe_enqueue must be True or False, not {options['dedupe_enqueue']!r}")
     if "lock_name" in options:
@@ -124,17 +125,6 @@ def _is_names(value: object) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(n, str) and n for n in value)
 
 
-# The primitives check their own ttl too; these name the task option at declaration.
-def _positive_seconds(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-
-
-def _non_negative_seconds(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
 
 
 # -- lock names ------------------------------------------------------------------------------

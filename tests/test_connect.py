@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 import pytest
 
@@ -12,8 +13,9 @@ from celery_etcdlock import (
     Mutex,
     UnsupportedServer,
     connect,
+    singleton_task,
 )
-from celery_etcdlock.connect import parse_url
+from celery_etcdlock.options import MAX_SECONDS, check_timeout, check_ttl, parse_url, redact
 from tests.servers import EtcdServer, free_port
 
 
@@ -45,9 +47,11 @@ def test_parse_full_url(tmp_path):
         ("etcd://h?prefx=/x", "unknown option 'prefx'"),
         ("etcd://h?prefix=relative", "prefix"),
         ("etcd://h?prefix=/a/../b", "invalid segment"),
-        ("etcd://h?timeout=0", "timeout must be positive"),
-        ("etcd://h?timeout=soon", "timeout must be a number"),
-        ("etcd://h?retry_max_delay=-1", "retry_max_delay must not be negative"),
+        ("etcd://h?timeout=0", "timeout must be a positive number"),
+        ("etcd://h?timeout=soon", "timeout='soon' is not a number"),
+        ("etcd://h?timeout=nan", "timeout must be a finite number"),
+        ("etcd://h?timeout=1e11", "at most 604800 seconds"),
+        ("etcd://h?retry_max_delay=-1", "retry_max_delay must be a non-negative number"),
         ("etcd://h?ca=/x.pem", "TLS options"),
         ("etcds://h?ca=/no/such/file.pem", "no such file"),
         ("etcds://h?key=/k.pem", "needs cert"),
@@ -60,10 +64,78 @@ def test_malformed_urls_name_the_bad_part(url, complaint):
     assert complaint in str(info.value)
 
 
-def test_password_never_appears_in_errors():
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://user:secret@h",
+        "user:secret@h:2379",  # no scheme
+        "etcd3://user:sec/ret@h/path",  # a password with a slash, and a path
+        "etcd3://user:sec@ret@h?prefx=1",  # an @ in the password, a bad option
+        "etcd3://user:sec:ret@h:99999",  # a colon in the password, a bad port
+        "etcd3://user:sec?ret@h",  # a question mark in the password
+        "etcd3://user:sec%40ret@h,,h2",  # an escape, an empty host
+        "etcd3://user:secret@h?timeout=-1",
+        "etcd3s://user:secret@h?ca=/no/such/ca.pem",
+        "etcd://user:secret@h?ca=/x.pem",
+        "etcd3://user:secret@h?prefix=relative",
+        "etcd3://:secret@h:abc",
+    ],
+)
+def test_password_never_appears_in_errors(url):
     with pytest.raises(ValueError) as info:
-        connect("ftp://user:secret@h")
-    assert "secret" not in str(info.value)
+        connect(url)
+    message = str(info.value)
+    for fragment in ("secret", "sec/ret", "sec@ret", "sec:ret", "sec?ret", "sec%40ret", "ret@h"):
+        assert fragment not in message, message
+
+
+@pytest.mark.parametrize("password", ["secret", "se/cr@t", "s:e?c#r%40et"])
+def test_password_never_appears_in_a_repr(password):
+    url = f"etcd3://user:{quote(password, safe='')}@h1:2379,h2?prefix=/app"
+    client = connect(url)
+    shown = [repr(client), repr(client.options), str(client.options), client.options.url]
+    for text in shown:
+        assert password not in text and quote(password, safe="") not in text, text
+    assert client.options.password == password  # kept, only never shown
+    assert client.options.url == "etcd3://user:***@h1:2379,h2:2379?prefix=/app"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("etcd3://app:s3cr/t@h:2379", "etcd3://app:***@h:2379"),
+        ("etcd3://app:p@ss@h1:1,h2?prefix=/x", "etcd3://app:***@h1:1,h2?prefix=/x"),
+        ("app:pw@host:2379", "app:***@host:2379"),
+        ("etcd3://u:p?ss@host", "etcd3://u:***@host"),
+        ("etcd3://u:p%40ss@host", "etcd3://u:***@host"),
+        ("etcd3://h1:2379?prefix=/x", "etcd3://h1:2379?prefix=/x"),
+        ("nothing to hide", "nothing to hide"),
+    ],
+)
+def test_redact_masks_only_the_password(url, shown):
+    assert redact(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), (1e11, ValueError),
+     (10**400, ValueError), ("3", TypeError), (True, TypeError), ([1], TypeError)],
+)  # fmt: skip
+def test_one_rule_for_every_number_of_seconds(value, error):
+    """A TTL, a task option and a connect() argument: the same mistake gets the same error type."""
+    with pytest.raises(error, match="^ttl"):
+        check_ttl(value)
+    with pytest.raises(error, match="lock_ttl"):
+        singleton_task(lock_ttl=value)
+    if value != 0:  # 0 is a valid delay
+        with pytest.raises(error, match="retry_max_delay"):
+            connect("etcd3://h", retry_max_delay=value)
+
+
+def test_seconds_at_the_edges_are_accepted():
+    assert check_ttl(MAX_SECONDS) == MAX_SECONDS
+    assert check_timeout(None) is None and check_timeout(0) == 0.0
+    assert connect("etcd3://h", retry_max_delay=0).options.retry_max_delay == 0
 
 
 def test_connect_does_not_contact_the_server():

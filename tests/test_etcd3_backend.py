@@ -122,8 +122,7 @@ def test_constructor_and_close_do_no_network_io() -> None:
     port = free_port()  # nothing listens here: any request would fail
     b = make(f"etcd3://127.0.0.1:{port}")
     assert b.endpoints == (f"http://127.0.0.1:{port}",)
-    assert b.schemes == ("etcd3", "etcd3s")
-    assert b.creating_renews is False
+    assert b.entries_have_own_ttl is False
     b.after_fork()
     b.close()
 
@@ -172,7 +171,7 @@ def test_keys_stay_under_the_prefix(server: EtcdServer, prefix: str) -> None:
 def test_create_with_a_dead_lease_raises_lease_expired(backend: Etcd3Backend) -> None:
     lease = backend.grant(10)
     stale = V3Lease(lease.lease_id, 10, 10)  # type: ignore[attr-defined]
-    backend.revoke(lease)
+    backend.revoke(lease, [])
     with pytest.raises(LeaseExpired):
         backend.create_entry("locks/q", {}, stale)  # the server says the lease is gone
     assert stale.expired
@@ -185,8 +184,8 @@ def test_revoke_deletes_the_entries_of_the_lease(backend: Etcd3Backend) -> None:
     lease = backend.grant(30)
     backend.create_entry("locks/q", {}, lease)
     backend.create_entry("locks/r", {}, lease)
-    backend.revoke(lease)
-    backend.revoke(lease)  # twice is quiet
+    backend.revoke(lease, [])
+    backend.revoke(lease, [])  # twice is quiet
     assert backend.list_queues("locks") == {}
 
 
@@ -231,7 +230,7 @@ def test_keep_alive_renews_and_reports_a_dead_lease(backend: Etcd3Backend) -> No
     assert backend.keep_alive(lease, entries, timeout=5) == set()
     assert not lease.expired
 
-    backend.revoke(V3Lease(lease.lease_id, 10, 10))  # behind our lease object's back
+    backend.revoke(V3Lease(lease.lease_id, 10, 10), [])  # behind our lease object's back
     assert backend.keep_alive(lease, entries, timeout=5) == {e.key for e in entries}
     assert lease.expired
 
@@ -285,7 +284,7 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
     assert sent == {"/v3/lease/grant": 1, "/v3/kv/txn": 1}
     _, sent = cost(backend.delete_record, "records/k/a", record)
     assert sent == {"/v3/kv/txn": 1}
-    _, sent = cost(backend.revoke, lease)
+    _, sent = cost(backend.revoke, lease, [])
     assert sent == {"/v3/kv/lease/revoke": 1}
 
 

@@ -77,7 +77,7 @@ def test_a_hung_renewal_of_one_session_does_not_delay_another_sessions(client, m
 
     long = Mutex(client, "long", ttl=9)  # renewed every 8/3 s
     assert long.acquire(timeout=5)
-    hung_lease, hanging, unhang = long._claim.tenancy.lease, threading.Event(), threading.Event()
+    hung_lease, hanging, unhang = long._held.lease.handle, threading.Event(), threading.Event()
     short_renewals = []
     real_keep_alive = client.backend.keep_alive
 
@@ -220,9 +220,34 @@ def test_bad_name(client, name):
         Mutex(client, name, ttl=5)
 
 
-def test_bad_timeout(client):
-    with pytest.raises(ValueError, match="timeout"):
-        Mutex(client, "x", ttl=5).acquire(timeout=-1)
+@pytest.mark.parametrize("ttl", [1e11, 7.4e9, 604801])
+def test_ttls_above_the_maximum_are_refused(client, ttl):
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        Mutex(client, "x", ttl=ttl)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(-1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), ("5", TypeError), (True, TypeError)],
+)
+def test_bad_timeout(client, timeout, error):
+    lock = Mutex(client, "x", ttl=5)
+    with pytest.raises(error, match="timeout"):
+        lock.acquire(timeout=timeout)
+    assert client.backend.list_queues(LOCKS) == {}  # refused before anything was written
+
+
+def test_close_releases_every_lock_at_once(etcd_url):
+    """A closing client frees its locks on both APIs: the next holder does not wait for the TTL."""
+    closing, other = connect(etcd_url), connect(etcd_url)
+    try:
+        held = Mutex(closing, "x", ttl=30)
+        assert held.acquire(timeout=5)
+        closing.close()
+        assert not held.held
+        assert Mutex(other, "x", ttl=30).acquire(timeout=10), "waited for the 30 s TTL instead"
+    finally:
+        other.close()
 
 
 def test_release_never_deletes_another_holders_lock(client):
@@ -488,8 +513,8 @@ def test_a_key_left_on_a_live_lease_is_cleaned_up(client):
     keeper = Mutex(client, "keeper", ttl=2)
     keeper.acquire()  # keeps the session's lease alive throughout
     session = client.session(2.0)
-    lease = next(t.lease for t in session._tenancies if t.claims)
-    client.backend.create_entry(f"{LOCKS}/{encode_name('orphaned')}", {"mode": "write"}, lease)
+    lease = next(lease.handle for lease in session._leases if lease.skeys)
+    client.backend.join_queue(f"{LOCKS}/{encode_name('orphaned')}", {"mode": "write"}, lease)
     late = Mutex(client, "orphaned", ttl=2)
     assert late.acquire(timeout=10), "the stray entry kept blocking the queue"
     late.release()

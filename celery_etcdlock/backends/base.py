@@ -16,6 +16,10 @@ Vocabulary:
 - A *record* is a plain JSON document at a known key, written with a
   compare-and-swap (beat schedule state, enqueue markers).
 
+What differs between the APIs is said by two class attributes
+(``entries_have_own_ttl``, ``queues_outlive_entries``), never by asking
+which API a backend is.
+
 Every key passed in or out is *relative to the client's prefix*: backends
 add and strip the prefix, so nothing outside a backend can reach outside it.
 All values are JSON objects (``dict``); nothing else is ever stored.
@@ -34,6 +38,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
+
+from ..options import ConnectionOptions
 
 
 @dataclass(frozen=True)
@@ -133,11 +139,19 @@ def decode_json(text: str | bytes | None) -> dict[str, Any]:
 class Backend(abc.ABC):
     """One etcd API version. Thread-safe; one instance per ``connect()``."""
 
-    #: the URL scheme(s) this backend serves, e.g. ("etcd", "etcds")
-    schemes: tuple[str, ...] = ()
-
     endpoints: tuple[str, ...]
     prefix: str
+
+    @abc.abstractmethod
+    def __init__(self, options: ConnectionOptions) -> None:
+        """Set up from checked options; make no request yet (the first operation connects)."""
+
+    # What the session must do differently on this backend:
+    #: each entry has a TTL of its own, renewed one by one, and creating it starts its TTL (v2); else entries ride
+    #: on a shared lease, alive as long as the lease's last renewal (v3)
+    entries_have_own_ttl: bool = False
+    #: a queue's container outlives its last entry (v2 directories), so ``forget_queue`` has work to do
+    queues_outlive_entries: bool = False
 
     # -- leases -------------------------------------------------------------
 
@@ -158,41 +172,27 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def revoke(self, lease: Lease) -> None:
-        """Drop the lease and whatever it still carries (best effort)."""
+    def revoke(self, lease: Lease, entries: list[Entry]) -> None:
+        """Free ``entries`` and ``lease`` at once, rather than when they expire (a closing client).
+
+        v3 revokes the lease, which deletes every key on it; v2 deletes each entry with a
+        guarded delete. Each request is made once, with no retry: the entries expire anyway.
+        """
 
     def delete_stray(self, lease: Lease, key: str) -> None:  # noqa: B027 - v2 has no shared leases
         """Delete ``key`` if it still rides on ``lease``: a key no claim owns (a failed delete, an
         interrupted create) would otherwise live as long as the process renews the lease (v3)."""
 
-    @property
-    def creating_renews(self) -> bool:
-        """True if creating an entry gives it a full ttl of its own (v2).
-
-        In v3 an entry lives only as long as the lease's last renewal.
-        """
-        return False
-
     # -- queues -------------------------------------------------------------
 
     @abc.abstractmethod
-    def create_entry(self, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
-        """Append a new entry to ``queue``, kept alive by ``lease``.
-
-        Raises ``LeaseExpired`` if the lease is gone on the server.
-        """
-
     def join_queue(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry, Snapshot]:
-        """``create_entry`` and a ``read_queue`` that includes the new entry.
+        """Append a new entry to ``queue``, kept alive by ``lease``; and the queue read after it (including it).
 
-        A backend that can do both in one round trip (a v3 transaction) overrides this.
+        Raises ``LeaseExpired`` if the lease is gone on the server. If the entry was
+        created but the read fails, the entry is deleted before the error is raised:
+        nobody holds it yet, and it must not block the queue until its TTL.
         """
-        entry = self.create_entry(queue, value, lease)
-        try:
-            return entry, self.read_queue(queue)
-        except BaseException:
-            self.delete_entry(entry)  # nobody holds it yet: it must not block the queue until its TTL
-            raise
 
     @abc.abstractmethod
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
@@ -213,9 +213,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def list_queues(self, namespace: str) -> dict[str, list[Entry]]:
         """Every non-empty queue directly under ``namespace``, keyed by queue key."""
-
-    #: True if a queue outlives its last entry (v2 directories), so that ``forget_queue`` has work to do
-    leaves_empty_queues = False
 
     def forget_queue(self, queue: str) -> None:  # noqa: B027 - optional hook
         """Remove the queue's container if it is empty (v2 directories). Best effort."""
@@ -247,10 +244,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def delete_record(self, key: str, expect: Record | None = None) -> bool:
         """Delete ``key`` (only if unchanged since ``expect``, when given). False if it was not."""
-
-    @abc.abstractmethod
-    def list_records(self, directory: str) -> list[Record]:
-        """Every record directly under ``directory``."""
 
     # -- process life -------------------------------------------------------
 

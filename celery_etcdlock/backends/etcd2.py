@@ -34,14 +34,14 @@ from urllib.parse import urlencode
 
 import etcd
 import urllib3
-from celery.utils.log import get_logger
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
+from ..options import ConnectionOptions
 from .base import Backend, Entry, Lease, Record, Snapshot, WaitResult, decode_json, encode_json, server_ttl
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _GONE_ACTIONS = frozenset({"delete", "expire", "compareAndDelete"})
@@ -84,10 +84,10 @@ class V2Lease(Lease):
 
 
 class Etcd2Backend(Backend):
-    schemes = ("etcd", "etcds")
-    leaves_empty_queues = True  # queues are directories: the renewer removes the unused ones
+    entries_have_own_ttl = True  # no leases: each key has its TTL and is refreshed on its own
+    queues_outlive_entries = True  # queues are directories: the renewer removes the unused ones
 
-    def __init__(self, options: Any) -> None:  # ConnectionOptions; Any avoids an import cycle
+    def __init__(self, options: ConnectionOptions) -> None:
         self.options = options
         self.prefix = options.prefix
         self.endpoints = options.endpoint_urls
@@ -242,10 +242,6 @@ class Etcd2Backend(Backend):
 
     # -- leases -------------------------------------------------------------
 
-    @property
-    def creating_renews(self) -> bool:
-        return True
-
     def grant(self, ttl: float) -> Lease:
         return V2Lease(ttl)
 
@@ -272,12 +268,31 @@ class Etcd2Backend(Backend):
                 raise retry.Transient(self.endpoints[self._current], "renewal timed out") from None
         return gone
 
-    def revoke(self, lease: Lease) -> None:
-        """Nothing to do: v2 keys expire on their own once nobody refreshes them."""
+    def revoke(self, lease: Lease, entries: list[Entry]) -> None:
+        failed = 0
+        for entry in entries:
+            try:
+                self._request("DELETE", entry.key, {"prevValue": entry.raw})
+            except _Failure as exc:
+                if exc.code not in (_NOT_FOUND, _COMPARE_FAILED):
+                    failed += 1
+            except (retry.Transient, _WatchTimedOut):
+                failed += 1
+        if failed:
+            raise BackendError(f"{failed} of {len(entries)} keys of lease {lease.id} could not be deleted")
 
     # -- queues -------------------------------------------------------------
 
-    def create_entry(self, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
+    def join_queue(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry, Snapshot]:
+        # v2 cannot create and read in one request: two, and the entry goes again if the read fails
+        entry = self._create_entry(queue, value, lease)
+        try:
+            return entry, self.read_queue(queue)
+        except BaseException:
+            self.delete_entry(entry)
+            raise
+
+    def _create_entry(self, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
         value = {**value, "nonce": uuid.uuid4().hex}
         raw = encode_json(value)
         attempts = 0
@@ -443,18 +458,6 @@ class Etcd2Backend(Backend):
             return True
 
         return self._retrying(f"delete {key}", delete)
-
-    def list_records(self, directory: str) -> list[Record]:
-        def read() -> list[Record]:
-            try:
-                body, _ = self._request("GET", directory, {"sorted": "true"})
-            except _Failure as exc:
-                if exc.code == _NOT_FOUND:
-                    return []
-                raise
-            return [self._record(n) for n in body["node"].get("nodes", ()) if not n.get("dir")]
-
-        return self._retrying(f"list {directory}", read)
 
     # -- process life -------------------------------------------------------
 

@@ -30,7 +30,7 @@ What each operation costs, in requests:
 - ``put_record``: 1 transaction; with a ``ttl``, 1 more before it (a lease of
   the record's own, so that it outlives its writer), and 1 after it to
   revoke that lease if the compare failed.
-- ``get_record``, ``list_records``: 1 range, plus 1 per record that expires
+- ``get_record``: 1 range, plus 1 per record that expires
   (its lease's time to live).
 
 Add ``auth/authenticate`` for the first request and after a token is
@@ -39,16 +39,16 @@ rejected, and the cost again for each retry of a transient failure.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
 from contextlib import closing
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from celery.utils.log import get_logger
+from typing import Any, TypeVar
 
 from .. import retry
 from ..errors import BackendError
+from ..options import ConnectionOptions
 from .base import (
     Backend,
     Entry,
@@ -63,10 +63,7 @@ from .base import (
 )
 from .gateway import NOT_FOUND, Failure, Gateway, WatchCancelled, b64, prefix_end, unb64
 
-if TYPE_CHECKING:
-    from ..connect import ConnectionOptions
-
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -114,8 +111,6 @@ def _put(key: str, raw: str, lease: V3Lease | None = None) -> dict[str, Any]:
 
 
 class Etcd3Backend(Backend):
-    schemes = ("etcd3", "etcd3s")
-
     def __init__(self, options: ConnectionOptions) -> None:
         self.options = options
         self.prefix = options.prefix
@@ -195,18 +190,16 @@ class Etcd3Backend(Backend):
         compare = [{"key": full, "target": "LEASE", "result": "EQUAL", "lease": str(lease.lease_id)}]
         self._retrying(f"delete stray {key}", lambda: self._txn(compare, [{"request_delete_range": {"key": full}}]))
 
-    def revoke(self, lease: Lease) -> None:
+    def revoke(self, lease: Lease, entries: list[Entry]) -> None:
         lease = self._own(lease)
-
-        def revoke() -> None:
-            try:
-                self._gateway.post("kv/lease/revoke", {"ID": str(lease.lease_id)})
-            except Failure as exc:
-                if exc.code != NOT_FOUND:
-                    raise
-            lease.expired = True
-
-        self._retrying(f"revoke lease {lease.id}", revoke)
+        lease.expired = True
+        try:
+            self._gateway.post("kv/lease/revoke", {"ID": str(lease.lease_id)})
+        except Failure as exc:
+            if exc.code != NOT_FOUND:
+                raise BackendError(f"etcd revoke of lease {lease.id} failed: {exc}") from None
+        except retry.Transient as exc:
+            raise BackendError(f"etcd revoke of lease {lease.id} failed: {exc}") from None
 
     def _forget_lease(self, lease: V3Lease) -> None:
         try:
@@ -417,14 +410,6 @@ class Etcd3Backend(Backend):
             return bool(answer.get("succeeded"))
 
         return self._retrying(f"delete {key}", delete)
-
-    def list_records(self, directory: str) -> list[Record]:
-        def read() -> list[Record]:
-            answer = self._range(self._full(directory) + "/", prefix=True)
-            start = len(self._full(directory)) + 1
-            return [self._record(kv) for kv in answer.get("kvs", []) if "/" not in unb64(kv["key"])[start:]]
-
-        return self._retrying(f"list {directory}", read)
 
     # -- process life -------------------------------------------------------
 

@@ -43,24 +43,22 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import logging
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import requests
-from celery.utils.log import get_logger
 from requests.adapters import HTTPAdapter
 
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
+from ..options import ConnectionOptions
 
-if TYPE_CHECKING:
-    from ..connect import ConnectionOptions
-
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 # gRPC status codes, as the gateway reports them in {"code": N, "message": ...}
 CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND = 1, 3, 4, 5
