@@ -31,6 +31,7 @@ from . import keys
 from .backends.base import Entry
 from .client import Client
 from .errors import EtcdLockError
+from .queue import QueueState, read_state
 from .settings import client_for
 
 # -- what the commands show -------------------------------------------------
@@ -93,18 +94,6 @@ def _first_str(mapping: dict[str, Any], *names: str) -> str | None:
     return None
 
 
-def _split_holders(entries: Sequence[Entry]) -> tuple[list[Entry], list[Entry]]:
-    """The entries that hold the lock (a writer, or the readers at the head) and those that wait."""
-    if not entries:
-        return [], []
-    if entries[0].mode != "read":
-        return [entries[0]], list(entries[1:])
-    count = 0
-    while count < len(entries) and entries[count].mode == "read":
-        count += 1
-    return list(entries[:count]), list(entries[count:])
-
-
 def _queue_name(queue_key: str) -> str:
     return keys.decode_name(queue_key.rstrip("/").rsplit("/", 1)[-1])
 
@@ -113,17 +102,9 @@ def list_locks(client: Client) -> list[LockState]:
     """Every lock with a holder or a waiter, by name."""
     states = []
     for queue_key, entries in client.backend.list_queues(keys.LOCKS).items():
-        holders, waiters = _split_holders(entries)
-        if not holders:
-            continue
-        states.append(
-            LockState(
-                name=_queue_name(queue_key),
-                mode=holders[0].mode,
-                holders=[Request.from_entry(e) for e in holders],
-                waiters=[Request.from_entry(e) for e in waiters],
-            )
-        )
+        state = _lock_state(_queue_name(queue_key), QueueState(entries, 0))
+        if state is not None:
+            states.append(state)
     return sorted(states, key=lambda s: s.name)
 
 
@@ -145,15 +126,18 @@ def list_elections(client: Client) -> list[ElectionState]:
 
 def find_lock(client: Client, name: str) -> LockState | None:
     """The lock ``name`` if someone holds it, else None."""
-    entries = client.backend.read_queue(keys.queue_key(keys.LOCKS, name), fresh=True).entries
-    holders, waiters = _split_holders(entries)
+    return _lock_state(name, read_state(client, keys.queue_key(keys.LOCKS, name), fresh=True))
+
+
+def _lock_state(name: str, queue: QueueState) -> LockState | None:
+    holders = queue.holders
     if not holders:
         return None
     return LockState(
         name=name,
         mode=holders[0].mode,
         holders=[Request.from_entry(e) for e in holders],
-        waiters=[Request.from_entry(e) for e in waiters],
+        waiters=[Request.from_entry(e) for e in queue.waiters],
     )
 
 
@@ -164,8 +148,7 @@ def force_release(client: Client, name: str, tokens: Sequence[int] | None = None
     that released or changed in the meantime is left alone. Returns the
     tokens released.
     """
-    queue = keys.queue_key(keys.LOCKS, name)
-    holders, _ = _split_holders(client.backend.read_queue(queue, fresh=True).entries)
+    holders = read_state(client, keys.queue_key(keys.LOCKS, name), fresh=True).holders
     released = []
     for entry in holders:
         if tokens is not None and entry.token not in tokens:

@@ -2,7 +2,7 @@
 
     markers = EnqueueMarkers(client)
     ttl = dedupe_ttl + enqueue_delay(options, app.now)
-    other = markers.claim(lock_name, task_id, task.name, ttl=ttl, lock_ttl=30)
+    other = markers.claim(lock_name, task_id, task.name, ttl=ttl)
     if other is not None:
         return task.AsyncResult(other)          # already queued or running
     ...send the message; markers.forget(lock_name, task_id) if sending fails
@@ -18,19 +18,20 @@ marker expires after ``dedupe_ttl`` seconds plus any countdown or ETA.
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery.utils.log import get_logger
 from celery.utils.time import maybe_make_aware
 from kombu import serialization
 
 from .client import Client
 from .errors import EtcdLockError, TaskLocked
-from .mutex import Mutex
+from .keys import LOCKS, queue_key
+from .queue import read_state
 from .store import DocumentStore
 
-logger = get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 MARKERS = "enqueued"  # the DocumentStore kind of the markers
 CLAIM_ATTEMPTS = 5  # compare-and-swap rounds lost to other callers before giving up
@@ -41,7 +42,7 @@ class EnqueueMarkers:
         self.client = client
         self.store = DocumentStore(client, MARKERS)
 
-    def claim(self, name: str, task_id: str, task: str, *, ttl: float, lock_ttl: float) -> str | None:
+    def claim(self, name: str, task_id: str, task: str, *, ttl: float) -> str | None:
         """Record ``task_id`` as the instance queued for ``name``.
 
         None if recorded (or already ours); else the id of the other instance
@@ -55,7 +56,7 @@ class EnqueueMarkers:
                     logger.info("task %s already queued as %s (%s); not queued again", task, queued, name)
                     return queued
                 return None  # our own marker: a retry re-sending this instance
-            running = self._running_task_id(name, lock_ttl)
+            running = self._running_task_id(name)
             if running and running != task_id:
                 logger.info("task %s already running as %s (%s); not queued again", task, running, name)
                 return running
@@ -72,14 +73,14 @@ class EnqueueMarkers:
         except EtcdLockError as exc:
             logger.warning("could not delete the enqueue marker of %s (task %s): %s", name, task_id, exc)
 
-    def _running_task_id(self, name: str, lock_ttl: float) -> str | None:
+    def _running_task_id(self, name: str) -> str | None:
         try:
-            holders = Mutex(self.client, name, ttl=lock_ttl).holders()
+            holders = read_state(self.client, queue_key(LOCKS, name)).described()
         except EtcdLockError as exc:
             logger.warning("could not read the holders of %s: %s", name, exc)
             return None
         for holder in holders:
-            task_id = (holder.get("data") or {}).get("task_id")
+            task_id = holder["data"].get("task_id")
             if task_id:
                 return str(task_id)
         return None

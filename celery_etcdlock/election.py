@@ -37,12 +37,14 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from . import observe
 from .backends.base import Entry, WaitResult
 from .client import Client
 from .errors import InvalidUse, NotHeld
 from .keys import ELECTIONS, queue_key
-from .queue import WRITE, QueueLock
+from .queue import WRITE, QueueLock, read_state
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,21 @@ class LeaderEvent:
 _END = object()
 
 
+class _LeaderLock(QueueLock):
+    """The lock whose holder leads: it reports leadership, not locking."""
+
+    kind = "election"
+    _AS_LEADERSHIP = {
+        observe.ACQUIRED: observe.ELECTED,
+        observe.LOST: observe.DEPOSED,
+        observe.RELEASED: observe.RESIGNED,
+    }
+
+    def _report(self, kind: str, **details: Any) -> None:
+        if kind in self._AS_LEADERSHIP:
+            super()._report(self._AS_LEADERSHIP[kind], **details)
+
+
 class Election:
     def __init__(self, client: Client, name: str, identity: str, ttl: float = 10) -> None:
         if not isinstance(identity, str) or not identity:
@@ -65,7 +82,7 @@ class Election:
         self.client = client
         self.name = name
         self.identity = identity
-        self._lock = QueueLock(
+        self._lock = _LeaderLock(
             client, queue_key(ELECTIONS, name), name, ttl, WRITE, on_lost=self._deposed, data={"identity": identity}
         )
         self.ttl = self._lock.ttl
@@ -105,8 +122,8 @@ class Election:
 
     def leader(self) -> str | None:
         """The identity of the current leader, or None."""
-        entries = self.client.backend.read_queue(self._lock.queue).entries
-        return _identity(entries[0]) if entries else None
+        holders = read_state(self.client, self._lock.queue).holders
+        return _identity(holders[0]) if holders else None
 
     def resign(self) -> None:
         """Stop leading (or campaigning); the next candidate leads at once.

@@ -35,7 +35,18 @@ class AuthenticationFailed(BackendError):
 
 
 class LockLost(EtcdLockError):
-    """A lock was lost while it was held (its lease ran out, or it was deleted)."""
+    """A lock was lost while it was held.
+
+    ``cause`` says why: ``"deleted"`` (its key was deleted: force-released, or by another
+    client), ``"late"`` (no renewal succeeded in time: etcd unreachable, or the process was
+    paused), ``"revoked"`` (its lease was revoked or expired on the server), ``"closed"``
+    (its client was closed); None when unknown.
+    """
+
+    def __init__(self, message: str, lock_name: str = "", cause: str | None = None) -> None:
+        super().__init__(message)
+        self.lock_name = lock_name
+        self.cause = cause
 
 
 class NotHeld(EtcdLockError):

@@ -2,11 +2,11 @@
 
     from celery_etcdlock import connect, Mutex
 
-    client = connect("etcd://127.0.0.1:2379")
+    client = connect("etcd3://127.0.0.1:2379")
     with Mutex(client, "reports/daily", ttl=10) as lock:
         write_report(fencing_token=lock.token)
 
-The lock is renewed in the background while held (by the process's one
+The lock is renewed in the background while held (by the session's
 renewer thread), so a holder may keep it for hours; a holder that dies frees
 it within ``ttl`` seconds. A holder that cannot renew in time sees ``held``
 turn False, and its ``on_lost(lock)`` called, before anyone else can acquire.
@@ -26,6 +26,8 @@ from .queue import WRITE, QueueLock
 
 
 class Mutex(QueueLock):
+    kind = "mutex"
+
     def __init__(
         self,
         client: Client,

@@ -16,12 +16,21 @@ exit path deletes its own entry, guarded by its value. A ``Mutex`` is a
 writer; ``RWLock`` offers both; an ``Election`` is a writer whose holder
 leads.
 
+An acquire that may not wait (``blocking=False``, or ``timeout=0``) looks
+before it joins: it creates an entry only if the queue is empty (one v3
+transaction), so its own entry never makes another request give up, and a
+request that gives up always saw someone hold the lock or queue for it. The
+queue it saw is kept as ``conflict``, so that nobody reads it again to say
+who held the lock.
+
     lock = QueueLock(client, "locks/x", "x", ttl=10, mode="write")
     if lock.acquire(timeout=5):
         try:
             use(lock.token)
         finally:
             lock.release()
+    else:
+        print("held by", lock.conflict.described() if lock.conflict else "nobody any more")
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from .backends.base import Entry, WaitResult
+from . import observe
+from .backends.base import Entry, Snapshot, WaitResult
 from .client import Client, check_client
 from .errors import InvalidUse, LockLost, NotHeld
 from .options import check_timeout, check_ttl
@@ -44,6 +55,10 @@ from .session import SessionKey
 logger = logging.getLogger(__name__)
 
 READ, WRITE = "read", "write"
+_HOSTNAME = socket.gethostname()
+
+
+# -- reading a queue ----------------------------------------------------------------------------
 
 
 def blocker_of(entries: list[Entry], mine: Entry, mode: str) -> Entry | None:
@@ -55,28 +70,53 @@ def blocker_of(entries: list[Entry], mine: Entry, mode: str) -> Entry | None:
     return writers[-1] if writers else None
 
 
-def holders_of(entries: list[Entry]) -> list[Entry]:
-    """The entries that hold the lock now: the first writer, or the leading readers."""
-    if not entries:
-        return []
-    if entries[0].mode == WRITE:
-        return entries[:1]
-    holders = []
-    for entry in entries:
-        if entry.mode == WRITE:
-            break
-        holders.append(entry)
-    return holders
-
-
 def describe(entry: Entry) -> dict[str, Any]:
-    """What the public ``holders()`` methods report about an entry."""
+    """What ``holders()`` reports about an entry: holder, token, mode and data."""
     return {
         "holder": entry.value.get("holder"),
         "token": entry.token,
         "mode": entry.mode,
         "data": entry.value.get("data") or {},
     }
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """A queue as one read saw it: who holds the lock, who waits, in order."""
+
+    entries: list[Entry]
+    revision: int
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> QueueState:
+        return cls(snapshot.entries, snapshot.revision)
+
+    @property
+    def holders(self) -> list[Entry]:
+        """The entries that hold the lock: the first writer, or the readers at the head."""
+        entries = self.entries
+        if not entries or entries[0].mode == WRITE:
+            return entries[:1]
+        count = 0
+        while count < len(entries) and entries[count].mode != WRITE:
+            count += 1
+        return entries[:count]
+
+    @property
+    def waiters(self) -> list[Entry]:
+        return self.entries[len(self.holders) :]
+
+    def described(self) -> list[dict[str, Any]]:
+        """The holders as ``describe`` reports them."""
+        return [describe(e) for e in self.holders]
+
+
+def read_state(client: Client, queue: str, fresh: bool = False) -> QueueState:
+    """The state of ``queue`` now (one read; ``fresh``: linearizable, even on v2)."""
+    return QueueState.of(check_client(client).backend.read_queue(queue, fresh=fresh))
+
+
+# -- one request on a queue ------------------------------------------------------------------------
 
 
 class QueueLock:
@@ -86,6 +126,9 @@ class QueueLock:
     each thread its own object (they exclude each other like processes do).
     ``held`` may be read from any thread.
     """
+
+    #: what the lock is, in reports and metrics ("mutex", "read", "write", "election")
+    kind = "lock"
 
     def __init__(
         self,
@@ -110,14 +153,17 @@ class QueueLock:
         self.mode = mode
         self.on_lost = on_lost
         self.data = data
+        #: the queue as this object's last acquire saw it when it could not take the lock at once (None if it could)
+        self.conflict: QueueState | None = None
         self._session = client.session(self.ttl)  # looked up again at each acquire: a forked child gets its own
         self._backend = client.backend
         self._held: SessionKey | None = None
+        self._held_since = 0.0
         self._waiting: SessionKey | None = None
         self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
         self._cancelled = threading.Event()
-        self._reported: SessionKey | None = None  # the skey whose loss on_lost was told of: once per hold
+        self._reported: SessionKey | None = None  # the key whose loss on_lost was told of: once per hold
         self._abort: threading.Event | None = None
 
     # -- public interface -----------------------------------------------------
@@ -138,14 +184,33 @@ class QueueLock:
         return skey.entry if skey is not None and skey.alive else None
 
     @property
+    def lost_cause(self) -> str | None:
+        """Why the lock was lost (``observe.DELETED``, ``LATE``, ``REVOKED``, ``CLOSED``), while it is known."""
+        skey = self._held
+        return skey.lost_cause if skey is not None else None
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lock was lost, in words, while it is known."""
+        skey = self._held
+        return skey.lost_reason if skey is not None else None
+
+    @property
     def holder(self) -> str:
-        return f"{socket.gethostname()}:{os.getpid()}"
+        return f"{_HOSTNAME}:{os.getpid()}"
 
     def acquire(
-        self, blocking: bool = True, timeout: float | None = None, *, abort: threading.Event | None = None
+        self,
+        blocking: bool = True,
+        timeout: float | None = None,
+        *,
+        abort: threading.Event | None = None,
+        on_wait: Callable[[QueueState], None] | None = None,
     ) -> bool:
-        """Wait for the lock (up to ``timeout`` seconds; not at all if not ``blocking``).
+        """Wait for the lock (up to ``timeout`` seconds; not at all if not ``blocking`` or ``timeout`` is 0).
 
+        When it cannot take the lock at once, ``conflict`` keeps the queue it saw, and
+        ``on_wait(state)`` (if given) is called once before it starts waiting.
         Once ``abort`` is set, this acquire gives up (returns False) at its next step,
         even if it was set before the acquire started; a wait already under way ends
         at its next wake-up, so pair it with ``cancel()`` to end that wait at once.
@@ -158,8 +223,11 @@ class QueueLock:
                 raise InvalidUse(f"lock {self.name!r} is already held by this object (lock objects are not reentrant)")
             self._cancelled.clear()
             self._abort = abort
-            deadline = time.monotonic() + (0.0 if not blocking else timeout if timeout is not None else float("inf"))
-            return self._acquire(deadline)
+            self.conflict = None
+            waits = blocking and timeout != 0
+            wait = 0.0 if not waits else float("inf") if timeout is None else timeout
+            deadline = time.monotonic() + wait
+            return self._acquire(deadline, waits, on_wait)
         finally:
             self._busy.release()
 
@@ -171,7 +239,9 @@ class QueueLock:
         was_alive = skey.alive
         self._session.leave(skey)
         if was_alive:
-            logger.info("lock %s released by %s (token %d)", self.name, self.holder, skey.entry.token)
+            held_for = time.monotonic() - self._held_since
+            logger.debug("lock %s released by %s (token %d)", self.name, self.holder, skey.entry.token)
+            self._report(observe.RELEASED, token=skey.entry.token, seconds=held_for)
 
     def forfeit(self, reason: str, entry: Entry | None = None) -> None:
         """Give the lock up as lost (its key, ``entry`` if given, was seen deleted) without waiting for a renewal."""
@@ -189,7 +259,7 @@ class QueueLock:
 
     def holders(self) -> list[dict[str, Any]]:
         """Who holds the lock now (``[]`` when free): holder, token, mode and data."""
-        return [describe(e) for e in holders_of(self._backend.read_queue(self.queue).entries)]
+        return read_state(self.client, self.queue).described()
 
     def __enter__(self) -> QueueLock:
         self.acquire()
@@ -201,9 +271,9 @@ class QueueLock:
         skey = self._held
         lost = skey is not None and not skey.alive
         self.release()
-        if lost and exc_type is None:
-            reason = skey.lost_reason if skey is not None and skey.lost_reason else "its TTL ran out"
-            raise LockLost(f"lock {self.name!r} was lost while the block ran: {reason}")
+        if lost and exc_type is None and skey is not None:
+            reason = skey.lost_reason or "its TTL ran out"
+            raise LockLost(f"lock {self.name!r} was lost while the block ran: {reason}", self.name, skey.lost_cause)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} mode={self.mode} held={self.held} token={self.token}>"
@@ -216,11 +286,24 @@ class QueueLock:
             value["data"] = self.data
         return value
 
-    def _acquire(self, deadline: float) -> bool:
+    def _join(self, waits: bool) -> tuple[SessionKey | None, Snapshot]:
+        """Join the queue; an acquire that may not wait looks first, and joins only if it could hold."""
+        self._session = self.client.session(self.ttl)
+        if waits:
+            return self._session.join(self.queue, self._value(), on_lost=self._lost)
+        skey, snapshot = self._session.join_if_empty(self.queue, self._value(), on_lost=self._lost)
+        if skey is None and self.mode == READ and not any(e.mode == WRITE for e in snapshot.entries):
+            return self._session.join(self.queue, self._value(), on_lost=self._lost)  # readers share
+        return skey, snapshot
+
+    def _acquire(self, deadline: float, waits: bool, on_wait: Callable[[QueueState], None] | None) -> bool:
         if self._given_up():
             return False  # aborted before it began: do not even show up in the queue
-        self._session = self.client.session(self.ttl)
-        skey, snapshot = self._session.join(self.queue, self._value(), on_lost=self._lost)
+        started = time.monotonic()
+        skey, snapshot = self._join(waits)
+        if skey is None:
+            self._blocked(QueueState.of(snapshot), waits=False)
+            return False
         try:
             if not self._wait_with(skey):
                 self._session.leave(skey)
@@ -244,19 +327,20 @@ class QueueLock:
                     continue
                 blocker = blocker_of(snapshot.entries, mine, self.mode)
                 if blocker is None:
-                    with self._state:
-                        cancelled = self._given_up()
-                        if not cancelled:
-                            self._held, self._waiting = skey, None
-                    if cancelled:
-                        self._session.leave(skey)
-                        return False
-                    logger.info("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
-                    if skey.lost.is_set():  # lost in the instant before it became ours: _lost may have skipped it
-                        self._lost(skey, skey.lost_reason or "lost")
-                    return True
+                    return self._took(skey, mine, started)
+                first = self.conflict is None
+                state = QueueState(
+                    [e for e in snapshot.entries if e.token != mine.token], snapshot.revision
+                )  # the queue without me: who holds it and who waits ahead
+                self.conflict = state
+                if first:
+                    self._blocked(state, waits=waits and time.monotonic() < deadline)
+                    if on_wait is not None and waits:
+                        on_wait(state)
                 if not self._wait_for(blocker, snapshot.revision, deadline, skey):
                     self._session.leave(skey)
+                    if waits and not self._given_up():
+                        self._report(observe.TIMED_OUT, seconds=time.monotonic() - started, state=state)
                     return False
                 snapshot = self._backend.read_queue(self.queue)
         except BaseException:
@@ -267,6 +351,34 @@ class QueueLock:
         finally:
             with self._state:
                 self._waiting = None
+
+    def _took(self, skey: SessionKey, mine: Entry, started: float) -> bool:
+        with self._state:
+            cancelled = self._given_up()
+            if not cancelled:
+                self._held, self._waiting = skey, None
+        if cancelled:
+            self._session.leave(skey)
+            return False
+        self._held_since = time.monotonic()
+        logger.debug("lock %s acquired by %s (token %d, %s)", self.name, self.holder, mine.token, self.mode)
+        self._report(observe.ACQUIRED, token=mine.token, seconds=self._held_since - started)
+        if skey.lost.is_set():  # lost in the instant before it became ours: _lost may have skipped it
+            self._lost(skey)
+        return True
+
+    def _blocked(self, state: QueueState, waits: bool) -> None:
+        self.conflict = state
+        holders = state.described()
+        logger.debug(
+            "lock %s: %s found it held by %s%s",
+            self.name,
+            self.holder,
+            ", ".join(str(h["holder"]) for h in holders) or "nobody (queued requests only)",
+            "; waiting" if waits else "; not waiting",
+        )
+        if observe.listening():
+            self._report(observe.CONFLICT, state=state, blocking=waits)
 
     def _given_up(self) -> bool:
         return self._cancelled.is_set() or (self._abort is not None and self._abort.is_set())
@@ -296,11 +408,46 @@ class QueueLock:
             if result is not WaitResult.TIMEOUT or not skey.alive:
                 return not self._given_up()
 
-    def _lost(self, skey: SessionKey, reason: str) -> None:
+    def _lost(self, skey: SessionKey) -> None:
         with self._state:
             if self._held is not skey or not skey.lost.is_set() or self._reported is skey:
                 return  # a request still waiting (the acquire loop queues it again), a past hold, or said already
             self._reported = skey
-        logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, reason)
+        logger.warning(
+            "lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, skey.lost_reason
+        )
+        self._report(
+            observe.LOST,
+            token=skey.entry.token,
+            seconds=time.monotonic() - self._held_since,
+            cause=skey.lost_cause,
+        )
         if self.on_lost is not None:
             self.on_lost(self)
+
+    def _report(
+        self,
+        kind: str,
+        *,
+        token: int | None = None,
+        seconds: float | None = None,
+        cause: str | None = None,
+        state: QueueState | None = None,
+        blocking: bool = False,
+    ) -> None:
+        if not observe.listening():
+            return
+        observe.report(
+            observe.Event(
+                kind,
+                name=self.name,
+                primitive=self.kind if self.kind != "lock" else self.mode,
+                token=token,
+                holder=self.holder,
+                data=dict(self.data or {}),
+                seconds=seconds,
+                cause=cause,
+                holders=tuple(state.described()) if state is not None else (),
+                blocking=blocking,
+            )
+        )

@@ -20,8 +20,8 @@ skey knows its own lease, so a skey is never judged by a clock that does
 not renew it.
 
     session = client.session(ttl=10)
-    skey, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=lambda skey, why: print(why))
-    skey.alive        # False once lost, or in a forked child
+    skey, snapshot = session.join("locks/x", {"mode": "write"}, on_lost=lambda skey: print(skey.lost_reason))
+    skey.alive        # False once lost (skey.lost_cause says why: observe.DELETED, LATE, REVOKED, CLOSED)
     session.leave(skey)
 
 Sessions do not survive ``fork()``: the child starts with none and builds
@@ -40,6 +40,7 @@ from typing import Any
 from . import clock, retry
 from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
 from .errors import BackendError
+from .observe import CLOSED, DELETED, LATE, REVOKED
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +60,15 @@ class SessionKey:
     """One queue entry this process created and keeps alive until it leaves (etcd: a Mutex's myKey and myRev)."""
 
     def __init__(
-        self, lease: SessionLease, queue: str, entry: Entry, on_lost: Callable[[SessionKey, str], None] | None
+        self, lease: SessionLease, queue: str, entry: Entry, on_lost: Callable[[SessionKey], None] | None
     ) -> None:
         self.lease = lease
         self.queue = queue
         self.entry = entry
         self.on_lost = on_lost
         self.pid = os.getpid()
-        self.lost_reason: str | None = None
+        self.lost_cause: str | None = None  # observe.DELETED, LATE, REVOKED or CLOSED, once lost
+        self.lost_reason: str | None = None  # the same, in words, for logs and LockLost
         self.lost = threading.Event()
 
     @property
@@ -139,18 +141,42 @@ class Session:
     # -- used by the primitives ---------------------------------------------
 
     def join(
-        self, queue: str, value: dict[str, Any], on_lost: Callable[[SessionKey, str], None] | None = None
+        self, queue: str, value: dict[str, Any], on_lost: Callable[[SessionKey], None] | None = None
     ) -> tuple[SessionKey, Snapshot]:
         """Create a new entry in ``queue``, kept alive until ``leave``; and the queue as it then was."""
+        skey, snapshot = self._join(queue, value, on_lost, only_if_empty=False)
+        assert skey is not None
+        return skey, snapshot
+
+    def join_if_empty(
+        self, queue: str, value: dict[str, Any], on_lost: Callable[[SessionKey], None] | None = None
+    ) -> tuple[SessionKey | None, Snapshot]:
+        """``join``, but only if ``queue`` is empty; else no entry (None) and the queue as it is.
+
+        One request on v3 (a transaction); v2 reads first, then joins.
+        """
+        return self._join(queue, value, on_lost, only_if_empty=True)
+
+    def _join(
+        self, queue: str, value: dict[str, Any], on_lost: Callable[[SessionKey], None] | None, only_if_empty: bool
+    ) -> tuple[SessionKey | None, Snapshot]:
         for _attempt in range(3):
             lease = self._lease_for_new_entry()
             sent = clock.now()
             try:
-                entry, snapshot = self.backend.join_queue(queue, value, lease.handle)
+                if only_if_empty:
+                    created, snapshot = self.backend.join_queue_if_empty(queue, value, lease.handle)
+                    if created is None:
+                        with self._mutex:
+                            lease.joining -= 1
+                        return None, snapshot
+                    entry = created
+                else:
+                    entry, snapshot = self.backend.join_queue(queue, value, lease.handle)
             except LeaseExpired:
                 with self._mutex:
                     lease.joining -= 1
-                    self._unnotified += self._expire(lease, "its lease expired on the server")
+                    self._unnotified += self._expire(lease, REVOKED, "its lease expired on the server")
                 self._schedule()
                 continue
             except BaseException:
@@ -209,7 +235,7 @@ class Session:
         """Stop renewing ``skey`` and mark it lost now (its key was seen deleted)."""
         with self._mutex:
             self._forget(skey)
-            self._unnotified += _lose([skey], reason)
+            self._unnotified += _lose([skey], DELETED, reason)
         self._schedule()
 
     # -- used by the renewer ------------------------------------------------
@@ -224,7 +250,7 @@ class Session:
                     if lease is not self._shared or now >= lease.deadline:
                         self._drop(lease)  # idle: its keys are gone; an idle shared lease just lapses
                 elif now >= lease.deadline:
-                    lost += self._expire(lease, f"no renewal succeeded within its {self.server_ttl}s TTL")
+                    lost += self._expire(lease, LATE, f"no renewal succeeded within its {self.server_ttl}s TTL")
             due = [t for t in self._leases if t.skeys and t.next_renewal <= now]
         _notify(lost)
         for lease in due:
@@ -252,7 +278,7 @@ class Session:
         except BackendError as exc:
             with self._mutex:
                 if clock.now() >= lease.deadline:
-                    lost = self._expire(lease, f"no renewal succeeded before its deadline: {exc}")
+                    lost = self._expire(lease, LATE, f"no renewal succeeded within its {self.server_ttl}s TTL: {exc}")
                 else:
                     lost = []
                     logger.warning("renewal of lease %s failed (%s); trying again", handle.id, exc)
@@ -261,15 +287,16 @@ class Session:
             return
         with self._mutex:
             if handle.expired:
-                lost = self._expire(lease, "its lease expired on the server")
+                lost = self._expire(lease, REVOKED, "its lease was revoked or expired on the server")
             elif clock.now() >= deadline:
                 # held already read False meanwhile: a late success must not bring the locks back
-                lost = self._expire(lease, "its renewal came back after the deadline")
+                lost = self._expire(lease, LATE, "its renewal came back after the deadline")
             else:
                 lease.restart_clock(sent, self.server_ttl, self.margin)
                 lost = _lose(
                     [skey for skey in (lease.skeys.pop(key, None) for key in gone) if skey is not None],
-                    "its key was deleted or expired",
+                    DELETED,
+                    "its key was deleted on the server (force-released, or by another client)",
                 )
             strays = self._strays(lease)
         _notify(lost)
@@ -298,7 +325,7 @@ class Session:
         """Mark every key lost and free it on the server at once (v3 revokes the leases, v2 deletes the keys)."""
         with self._mutex:
             leases = [(lease, [skey.entry for skey in lease.skeys.values()]) for lease in self._leases]
-            lost = [skey for lease, _ in leases for skey in self._expire(lease, "its session was closed")]
+            lost = [skey for lease, _ in leases for skey in self._expire(lease, CLOSED, "its client was closed")]
             lost += self._unnotified
             self._unnotified, self._tidy = [], {}  # nothing left for the renewer: it ends when it next wakes
             self._closed = True  # and a lock released later leaves nothing for it either
@@ -413,7 +440,7 @@ class Session:
         if lease is self._shared:
             self._shared = None
 
-    def _expire(self, lease: SessionLease, reason: str) -> list[SessionKey]:
+    def _expire(self, lease: SessionLease, cause: str, reason: str) -> list[SessionKey]:
         """Every skey on ``lease`` is lost (mutex held). Returns the skeys to notify."""
         skeys = list(lease.skeys.values())
         lease.skeys.clear()
@@ -421,13 +448,13 @@ class Session:
         lease.dropped = True
         if lease in self._leases:
             self._drop(lease)
-        return _lose(skeys, reason)
+        return _lose(skeys, cause, reason)
 
 
-def _lose(skeys: list[SessionKey], reason: str) -> list[SessionKey]:
+def _lose(skeys: list[SessionKey], cause: str, reason: str) -> list[SessionKey]:
     newly_lost = [skey for skey in skeys if not skey.lost.is_set()]
     for skey in newly_lost:
-        skey.lost_reason = reason
+        skey.lost_cause, skey.lost_reason = cause, reason
         skey.lost.set()
     return newly_lost
 
@@ -437,6 +464,6 @@ def _notify(skeys: list[SessionKey]) -> None:
     for skey in skeys:
         if skey.on_lost is not None:
             try:
-                skey.on_lost(skey, skey.lost_reason or "lost")
+                skey.on_lost(skey)
             except Exception:
                 logger.exception("on_lost callback for %s raised", skey.entry.key)

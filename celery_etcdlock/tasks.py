@@ -45,6 +45,7 @@ from .client import Client
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay
 from .errors import EtcdLockError, LockLost, TaskLocked
 from .mutex import Mutex
+from .queue import QueueState
 from .rwlock import RWLock
 from .settings import Settings, client_for
 from .store import Fence
@@ -73,7 +74,19 @@ class TaskLock(Fence, Protocol):
     def held(self) -> bool: ...
     @property
     def token(self) -> int | None: ...
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
+    @property
+    def lost_cause(self) -> str | None: ...
+    @property
+    def lost_reason(self) -> str | None: ...
+    conflict: QueueState | None
+
+    def acquire(
+        self,
+        blocking: bool = True,
+        timeout: float | None = None,
+        *,
+        on_wait: Callable[[QueueState], None] | None = None,
+    ) -> bool: ...
     def release(self) -> None: ...
     def holders(self) -> list[dict[str, Any]]: ...
 
@@ -143,13 +156,12 @@ class SingletonTask(celery.Task):
         def on_lost(lock: Any) -> None:
             lost.set()
             logger.error(
-                "task %s[%s] on %s lost its lock %s mid-run (not renewed within %ss); "
-                "another run may start before this one ends",
+                "task %s[%s] on %s lost its lock %s mid-run (%s); another run may start before this one ends",
                 self.name,
                 task_id,
                 hostname,
                 name,
-                ttl,
+                lock.lost_reason,
             )
 
         lock = self._new_lock(client, name, ttl, on_lost, data)
@@ -165,11 +177,14 @@ class SingletonTask(celery.Task):
                 _running.stack.pop()
         finally:
             kept = lock.held and not lost.is_set()
+            cause, reason = lock.lost_cause, lock.lost_reason
             _release(lock, name, task_id, hostname)
         if not kept:
             raise LockLost(
-                f"task {self.name}[{task_id}] on {hostname} lost its lock {name} before it finished; "
-                f"its exclusivity was not guaranteed for the whole run"
+                f"task {self.name}[{task_id}] on {hostname} lost its lock {name} before it finished "
+                f"({reason or 'not renewed in time'}); its exclusivity was not guaranteed for the whole run",
+                name,
+                cause,
             )
         return result
 
@@ -187,26 +202,20 @@ class SingletonTask(celery.Task):
         return side.write(on_lost=on_lost, data=data)
 
     def _acquire(self, lock: TaskLock, client: Client, name: str, task_id: str | None, hostname: str) -> bool:
-        """Take the lock, or follow ``on_conflict``. False: skip this run."""
+        """Take the lock, or follow ``on_conflict``. False: skip this run.
+
+        Every decision uses the queue as the acquire itself saw it (``lock.conflict``):
+        a skip costs the one request that found the lock held, and the holder named in
+        the log and in ``TaskLocked`` is the one that decided.
+        """
+        if self.on_conflict == "wait":
+            return self._wait_for(lock, client, name, task_id)
         if lock.acquire(blocking=False):
             return True
-        holders = _holders(lock)
-        if not holders and lock.acquire(blocking=False):  # released between the two reads
-            return True
-        if task_id and any(h.get("data", {}).get("task_id") == task_id for h in holders):
+        holders = _holders_seen(lock)
+        if task_id and any(h["data"].get("task_id") == task_id for h in holders):
             return self._acquire_after_own_attempt(lock, name, task_id, hostname)
         holder = _describe(holders)
-        if self.on_conflict == "wait":
-            logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, holder)
-            if lock.acquire(timeout=self.lock_timeout):
-                return True
-            self._forget_marker(client, name, task_id)
-            raise TaskLocked(
-                f"task {self.name}[{task_id}] gave up waiting for {name} after {self.lock_timeout}s; "
-                f"held by {_describe(_holders(lock))}",
-                lock_name=name,
-                holder=_first(_holders(lock)),
-            )
         if self.on_conflict == "retry":
             logger.info(
                 "task %s[%s] found %s held by %s; retrying in %ss",
@@ -228,6 +237,7 @@ class SingletonTask(celery.Task):
                 raise
         self._forget_marker(client, name, task_id)
         if self.on_conflict == "raise":
+            logger.info("task %s[%s] not run: %s is held by %s", self.name, task_id, name, holder)
             raise TaskLocked(
                 f"task {self.name}[{task_id}] not run: {name} is held by {holder}",
                 lock_name=name,
@@ -235,6 +245,39 @@ class SingletonTask(celery.Task):
             )
         logger.info("task %s[%s] skipped: %s is held by %s", self.name, task_id, name, holder)
         return False
+
+    def _wait_for(self, lock: TaskLock, client: Client, name: str, task_id: str | None) -> bool:
+        """``on_conflict="wait"``: keep the place in the queue the acquire took, up to ``lock_timeout``."""
+        own_attempt = False
+
+        def waiting(state: QueueState) -> None:
+            nonlocal own_attempt
+            holders = state.described()
+            own_attempt = bool(task_id) and any(h["data"].get("task_id") == task_id for h in holders)
+            logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, _describe(holders))
+
+        if lock.acquire(timeout=self.lock_timeout, on_wait=waiting):
+            if own_attempt and task_id and _finished(self, task_id):
+                _release(lock, name, task_id, self.request.hostname or socket.gethostname())
+                logger.warning("task %s[%s]: duplicate delivery of a finished run; not run again", self.name, task_id)
+                raise Ignore()
+            return True
+        holders = _holders_seen(lock)
+        if own_attempt:
+            logger.warning(
+                "task %s[%s]: duplicate delivery while the first delivery still runs and holds %s; not run",
+                self.name,
+                task_id,
+                name,
+            )
+            raise Ignore()
+        self._forget_marker(client, name, task_id)
+        raise TaskLocked(
+            f"task {self.name}[{task_id}] gave up waiting for {name} after {self.lock_timeout}s; "
+            f"held by {_describe(holders)}",
+            lock_name=name,
+            holder=_first(holders),
+        )
 
     def _acquire_after_own_attempt(self, lock: TaskLock, name: str, task_id: str, hostname: str) -> bool:
         # The holder is an earlier attempt of this very task id: a message
@@ -253,7 +296,7 @@ class SingletonTask(celery.Task):
             if not _finished(self, task_id):
                 return True
             _release(lock, name, task_id, hostname)
-            logger.warning("task %s[%s]: duplicate delivery of a finished run; not run again", self.name, task_id)
+            logger.warning("task %s[%s]: duplicate delivery of a finished run; not run", self.name, task_id)
         else:
             logger.warning(
                 "task %s[%s]: duplicate delivery while the first delivery still runs and holds %s; not run",
@@ -280,7 +323,7 @@ class SingletonTask(celery.Task):
         markers = EnqueueMarkers(_client(self.app))
         task_id = task_id or celery.uuid()
         ttl = self.dedupe_ttl + enqueue_delay(options, self.app.now)
-        other = markers.claim(name, task_id, self.name, ttl=ttl, lock_ttl=self._lock_ttl())
+        other = markers.claim(name, task_id, self.name, ttl=ttl)
         if other is not None:
             return self.AsyncResult(other)
         try:
@@ -414,12 +457,9 @@ def _release(lock: TaskLock, name: str, task_id: str | None, hostname: str) -> N
         logger.debug("task %s on %s released %s", task_id, hostname, name)
 
 
-def _holders(lock: TaskLock) -> list[dict[str, Any]]:
-    try:
-        return list(lock.holders())
-    except EtcdLockError as exc:
-        logger.warning("could not read the holders of %s: %s", lock.name, exc)
-        return []
+def _holders_seen(lock: TaskLock) -> list[dict[str, Any]]:
+    """The holders as the lock's last acquire saw them when it could not take it."""
+    return lock.conflict.described() if lock.conflict is not None else []
 
 
 def _first(holders: list[dict[str, Any]]) -> dict[str, Any] | None:

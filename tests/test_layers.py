@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("leaves", {"errors", "options", "keys", "clock"}),
+    ("leaves", {"errors", "options", "keys", "clock", "observe"}),
     ("retry", {"retry"}),
     ("backends", {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway"}),
     ("session", {"session"}),

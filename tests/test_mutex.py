@@ -536,3 +536,114 @@ def test_cancel_makes_a_waiting_acquire_give_up(client):
     holder.release()
     thread.join(30)
     assert outcome == [False] and not waiter.held
+
+
+def test_a_skip_always_means_someone_held_the_lock(client):
+    """Racing non-blocking probes around a release: whenever one probe started after the release, one acquired.
+
+    A probe that found the lock held must never leave an entry of its own that makes a later probe give up
+    (10.11): the later one would skip because of the first, the first because of the old holder, and nobody runs.
+    """
+    rounds, probes = 30, 6
+    for round_ in range(rounds):
+        holder = Mutex(client, "race", ttl=10)
+        assert holder.acquire(timeout=5)
+        start = threading.Barrier(probes + 1)
+        results: list[tuple[float, bool, Mutex]] = []
+        results_lock = threading.Lock()
+
+        def probe(i: int, start: threading.Barrier, results: list, results_lock: threading.Lock) -> None:
+            lock = Mutex(client, "race", ttl=10)
+            start.wait()
+            for _ in range(i * 150):  # spread the probes around the release without sleeping
+                pass
+            began = time.monotonic()
+            took = lock.acquire(blocking=False)
+            with results_lock:
+                results.append((began, took, lock))
+
+        threads = [threading.Thread(target=probe, args=(i, start, results, results_lock)) for i in range(probes)]
+        for thread in threads:
+            thread.start()
+        start.wait()
+        holder.release()
+        released_at = time.monotonic()
+        for thread in threads:
+            thread.join(30)
+        winners = [lock for _, took, lock in results if took]
+        assert len(winners) <= 1, f"round {round_}: {len(winners)} probes hold the lock at once"
+        after_release = [began for began, _, _ in results if began > released_at]
+        assert winners or not after_release, (
+            f"round {round_}: {len(after_release)} probes started after the release and all of them skipped"
+        )
+        for lock in winners:
+            lock.release()
+        assert client.backend.read_queue(f"{LOCKS}/race").entries == [], "a probe left an entry behind"
+
+
+def _requests_served(server) -> int:
+    """Requests the server has served so far: gRPC calls (v3, the gateway's included) or v2 HTTP requests."""
+    metric = "grpc_server_started_total" if server.api == "v3" else "etcd_http_received_total"
+    return sum(int(float(v)) for v in re.findall(rf"^{metric}{{[^}}]*}} (\S+)$", server.metrics(), re.M))
+
+
+def test_a_skip_costs_one_request_and_names_the_holder_it_saw(own_etcd):
+    holding, probing = connect(own_etcd.url(prefix="/skip")), connect(own_etcd.url(prefix="/skip"))
+    try:
+        holder = Mutex(holding, "busy", ttl=30, data={"task_id": "t-1"})
+        assert holder.acquire(timeout=5)
+        probe = Mutex(probing, "busy", ttl=30)
+        assert not probe.acquire(blocking=False)  # the first one also grants the session's lease (v3)
+        before = _requests_served(own_etcd)
+        assert not probe.acquire(blocking=False)
+        assert _requests_served(own_etcd) - before == 1
+        assert probe.conflict is not None
+        assert probe.conflict.described() == [
+            {"holder": holder.holder, "token": holder.token, "mode": "write", "data": {"task_id": "t-1"}}
+        ]
+        assert [e.token for e in probing.backend.read_queue(f"{LOCKS}/busy").entries] == [holder.token]
+        holder.release()
+        assert probe.acquire(blocking=False) and probe.conflict is None
+        probe.release()
+    finally:
+        holding.close()
+        probing.close()
+
+
+def test_a_lost_lock_says_why(own_etcd):
+    from celery_etcdlock.cli import force_release
+
+    client = connect(own_etcd.url(prefix="/why"))
+    try:
+        lost = threading.Event()
+        deleted = Mutex(client, "deleted", ttl=3, on_lost=lambda lock: lost.set())
+        assert deleted.acquire(timeout=5)
+        assert force_release(client, "deleted") == [deleted.token]
+        assert lost.wait(10)
+        assert deleted.lost_cause == "deleted" and "deleted" in (deleted.lost_reason or "")
+        with pytest.raises(LockLost, match="was deleted") as raised:
+            deleted.__exit__(None, None, None)
+        assert raised.value.cause == "deleted"
+
+        if client.api == "v3":
+            lost.clear()
+            revoked = Mutex(client, "revoked", ttl=3, on_lost=lambda lock: lost.set())
+            assert revoked.acquire(timeout=5)
+            lease_id = str(revoked._held.lease.handle.lease_id)
+            assert own_etcd.v3("kv/lease/revoke", {"ID": lease_id})[0] == 200
+            assert lost.wait(10)
+            assert revoked.lost_cause == "revoked" and "revoked" in (revoked.lost_reason or "")
+            revoked.release()
+
+        lost.clear()
+        late = Mutex(client, "late", ttl=2, on_lost=lambda lock: lost.set())
+        assert late.acquire(timeout=5)
+        own_etcd.pause()
+        try:
+            assert lost.wait(10)
+        finally:
+            own_etcd.resume()
+        assert late.lost_cause == "late" and "no renewal succeeded" in (late.lost_reason or "")
+        late.release()
+    finally:
+        client.close()

@@ -20,6 +20,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from celery_etcdlock import LockLost, Mutex, RWLock, TaskLocked
+from celery_etcdlock.keys import encode_name
 from celery_etcdlock.tasks import SingletonTask, rwlock_task, singleton_task
 from tests.servers import RedisServer
 
@@ -308,6 +309,38 @@ def test_wait_runs_once_the_holder_releases(etcd: Any) -> None:
     assert patient(1) == "ran"
     assert time.monotonic() - started >= 0.4
     releaser.join()
+
+
+def test_wait_keeps_its_place_in_the_queue(etcd: Any, monkeypatch: Any) -> None:
+    """A waiting run joins once: it is served before anyone who queued after it, with the token it queued with."""
+    from celery_etcdlock.settings import client_for
+    from tests.servers import wait_until
+
+    name = patient.lock_name_for((7,))
+    queue = f"locks/{encode_name(name)}"
+    joins: list[str] = []
+    backend = client_for(app).backend  # the run's own client: count its joins, all of them real requests
+    for method in ("join_queue", "join_queue_if_empty"):
+        real = getattr(backend, method)
+        monkeypatch.setattr(backend, method, lambda q, *a, _real=real, **k: (joins.append(q), _real(q, *a, **k))[1])
+    holder = Mutex(etcd, name, ttl=5)
+    assert holder.acquire(timeout=5)
+    ran: list[str] = []
+    runner = threading.Thread(target=lambda: ran.append(patient(7)))
+    runner.start()
+    queued = wait_until(lambda: etcd.backend.read_queue(queue).entries[1:], 10, "the waiting run to queue")
+    later = Mutex(etcd, name, ttl=5)
+    behind = threading.Thread(target=lambda: later.acquire(timeout=10))
+    behind.start()
+    wait_until(lambda: len(etcd.backend.read_queue(queue).entries) == 3, 10, "a later request to queue behind it")
+    holder.release()
+    runner.join(10)
+    behind.join(10)
+    assert ran == ["ran"]
+    assert joins == [queue], "the run left the queue and joined it again"
+    assert calls[-1]["token"] == queued[0].token, "the run queued again instead of keeping its place"
+    assert later.held and later.token > queued[0].token
+    later.release()
 
 
 def test_lock_lost_mid_run_is_reported_and_next_run_not_blocked(etcd: Any, caplog: Any) -> None:

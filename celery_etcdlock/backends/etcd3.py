@@ -279,6 +279,28 @@ class Etcd3Backend(Backend):
 
         return self._retrying(f"join queue {queue}", join)
 
+    def join_queue_if_empty(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry | None, Snapshot]:
+        """One transaction: if no key is under the queue, create mine; either way, read the queue."""
+        lease = self._live(lease)
+        key, raw = self._new_key(queue, lease), encode_json(value)
+        full = b64(self._full(key))
+        start = self._full(queue) + "/"
+        # a compare over a range holds for an empty range: "no key in the queue was ever created"
+        empty = {"key": b64(start), "range_end": prefix_end(start), "target": "CREATE", "result": "EQUAL",
+                 "create_revision": "0"}  # fmt: skip
+        read_queue = {"request_range": _range_request(start, prefix=True)}
+
+        def join() -> tuple[Entry | None, Snapshot]:
+            answer = self._txn_with(lease, [empty], [_put(full, raw, lease), read_queue], [read_queue])
+            kvs = answer["responses"][-1]["response_range"].get("kvs", [])
+            snapshot = Snapshot([self._entry(kv) for kv in kvs], int(answer["header"]["revision"]))
+            mine = next((e for e in snapshot.entries if e.key == key), None)
+            if mine is not None and mine.raw == raw:
+                return mine, snapshot  # created now, or by a retried attempt that had landed
+            return None, snapshot
+
+        return self._retrying(f"join queue {queue} if empty", join)
+
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
         # v3 ranges are linearizable unless asked to be serializable: every read is fresh
 
