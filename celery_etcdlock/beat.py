@@ -133,6 +133,8 @@ class LeaderScheduler(Scheduler):
 
     #: the schedule state is written with every run, so there is nothing to sync
     sync_every = float("inf")
+    #: only the elected leader sends (settings.py warns at a beat's start when its scheduler does not)
+    elects_a_leader = True
 
     def __init__(
         self,

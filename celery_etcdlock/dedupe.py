@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +87,44 @@ class EnqueueMarkers:
             if task_id:
                 return str(task_id)
         return None
+
+
+class _Forgetter:
+    """A thread that deletes enqueue markers for callers that must not wait for etcd (the worker's consumer).
+
+    One per process, started on first use (a forked child starts its own). At most ``BACKLOG``
+    deletes wait; beyond that a marker is left to expire by its TTL, which is what happens
+    to all of them anyway while etcd is down.
+    """
+
+    BACKLOG = 1000
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.todo: queue.Queue[tuple[Client, str, str]] = queue.Queue(self.BACKLOG)
+        threading.Thread(target=self._run, name="etcdlock-marker-forgetter", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            client, name, task_id = self.todo.get()
+            EnqueueMarkers(client).forget(name, task_id)  # logs, never raises
+
+
+_forgetter: _Forgetter | None = None
+_forgetter_lock = threading.Lock()
+
+
+def forget_in_background(client: Client, name: str, task_id: str) -> None:
+    """``EnqueueMarkers(client).forget(name, task_id)`` on a background thread; returns at once."""
+    global _forgetter
+    with _forgetter_lock:
+        if _forgetter is None or _forgetter.pid != os.getpid():
+            _forgetter = _Forgetter()
+        forgetter = _forgetter
+    try:
+        forgetter.todo.put_nowait((client, name, task_id))
+    except queue.Full:
+        logger.warning("too many markers to delete; the marker of %s (task %s) expires by itself", name, task_id)
 
 
 def as_delivered(value: Any, serializer: str | None) -> Any:

@@ -6,6 +6,12 @@ few namespaces. A name is encoded into a single key segment made only of
 ``"a/b"``, ``".."``, ``"a b"`` and ``"é"`` each get their own key and no
 name can climb out of its namespace or collide with another name.
 
+A name whose segment would be longer than ``MAX_SEGMENT`` (a lock named
+after a huge task argument, say) keeps a readable head and ends in ``~~``
+and the SHA-256 of the whole name: any name still works, and its key stays
+small. ``~~`` never occurs in a plain segment (a ``~`` is always followed
+by two hex digits), so the two kinds never collide.
+
     >>> encode_name("reports/daily")
     'reports~2Fdaily'
     >>> decode_name("reports~2Fdaily")
@@ -14,11 +20,16 @@ name can climb out of its namespace or collide with another name.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 LOCKS = "locks"  # Mutex and RWLock queues (a Mutex is the write side of the RWLock of its name)
 ELECTIONS = "elections"  # Election queues
 RECORDS = "records"  # JSON documents: beat schedule state, enqueue markers
+
+MAX_SEGMENT = 200  # characters of one encoded name; etcd allows more, but keys are read, listed and logged
+_HEAD = 120  # characters of a long name's encoding kept readable before its hash
+_HASHED = "~~"
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _ESCAPE = re.compile(r"~([0-9A-F]{2})")
@@ -29,10 +40,21 @@ def encode_name(name: str) -> str:
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("name must be a non-empty string")
-    return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in name.encode("utf-8"))
+    raw = name.encode("utf-8")
+    encoded = "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in raw)
+    if len(encoded) <= MAX_SEGMENT:
+        return encoded
+    head = encoded[:_HEAD]
+    if "~" in head[-2:]:  # never cut an escape in two
+        head = head[: head.rindex("~")]
+    return f"{head}{_HASHED}{hashlib.sha256(raw).hexdigest()}"
 
 
 def decode_name(segment: str) -> str:
+    """The name of ``segment``; a hashed long name reads as its head, then ``...#`` and the start of its hash."""
+    head, hashed, digest = segment.partition(_HASHED)
+    if hashed:
+        return f"{decode_name(head)}...#{digest[:12]}"
     raw = bytearray()
     i = 0
     while i < len(segment):

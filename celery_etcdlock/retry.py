@@ -16,12 +16,15 @@ key that already exists, bad credentials) is an answer and is never retried.
   land before the holder's deadline; after that the lock is lost anyway.
 
 When a policy gives up, ``run()`` raises ``BackendUnavailable`` naming the
-endpoints tried.
+endpoints tried. Retries are logged at WARNING, but not every one: the first
+failure at an endpoint, then at most one line per ``LOG_EVERY`` seconds per
+endpoint (saying how many were not logged), then the giving up.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -43,6 +46,7 @@ class Transient(Exception):
     def __init__(self, endpoint: str, cause: BaseException | str) -> None:
         super().__init__(f"{endpoint}: {cause}")
         self.endpoint = endpoint
+        self.reason = str(cause)
 
 
 retry_if_transient = tenacity.retry_if_exception_type(Transient)
@@ -50,11 +54,26 @@ backoff = tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_ra
 quick_backoff = tenacity.wait_exponential(multiplier=0.05, max=0.5) + tenacity.wait_random(0, 0.05)
 
 
+LOG_EVERY = 10.0  # seconds between two retry warnings about one endpoint
+
+_logged: dict[str, tuple[float, int]] = {}  # endpoint -> (when a retry was last logged, retries not logged since)
+_logged_lock = threading.Lock()
+
+
 def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
     def log(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
-        logger.warning("etcd %s failed (%s); retry %d in %.2fs", operation, exc, state.attempt_number, delay)
+        endpoint = exc.endpoint if isinstance(exc, Transient) else ""
+        now = time.monotonic()
+        with _logged_lock:
+            last, quiet = _logged.get(endpoint, (-LOG_EVERY, 0))
+            if now - last < LOG_EVERY:
+                _logged[endpoint] = (last, quiet + 1)
+                return
+            _logged[endpoint] = (now, 0)
+        more = f" ({quiet} more failures not logged)" if quiet else ""
+        logger.warning("etcd %s failed (%s); retry %d in %.2fs%s", operation, exc, state.attempt_number, delay, more)
 
     return log
 
@@ -98,7 +117,14 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
     try:
         return policy(fn)
     except Transient as exc:
-        raise BackendUnavailable(f"etcd unreachable at {', '.join(endpoints)}: {exc}", endpoints=endpoints) from exc
+        if len(endpoints) == 1 and exc.endpoint == endpoints[0]:
+            message = f"etcd unreachable at {exc.endpoint}: {exc.reason}"
+        else:
+            message = f"etcd unreachable at {', '.join(endpoints)} (the last failure, at {exc.endpoint}: {exc.reason})"
+        with _logged_lock:
+            _logged.pop(exc.endpoint, None)  # the next failure there is news again
+        logger.warning("%s; gave up", message)
+        raise BackendUnavailable(message, endpoints=endpoints) from exc
 
 
 def call(max_delay: float, operation: str, fn: Callable[[], T], endpoints: tuple[str, ...]) -> T:

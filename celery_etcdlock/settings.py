@@ -3,28 +3,41 @@
     app.conf.etcdlock_url = "etcd3://etcd-1:2379,etcd-2:2379"
     client = client_for(app)      # one per process and configuration, created lazily
 
-| setting                    | default                 |
-| -------------------------- | ----------------------- |
-| ``etcdlock_url``           | ``etcd3://127.0.0.1:2379`` |
-| ``etcdlock_prefix``        | the URL's ``?prefix=``, else ``/celery-etcdlock`` |
-| ``etcdlock_ttl``           | ``30`` (seconds)        |
-| ``etcdlock_beat_ttl``      | ``10`` (seconds)        |
-| ``etcdlock_retry_max_delay`` | the URL's ``?retry_max_delay=``, else ``30`` (seconds) |
-| ``etcdlock_beat_name``     | the app's main name     |
+| setting                      | default                                                         |
+| ---------------------------- | --------------------------------------------------------------- |
+| ``etcdlock_url``             | ``etcd3://127.0.0.1:2379``                                      |
+| ``etcdlock_prefix``          | the URL's ``?prefix=``, else ``/celery-etcdlock``               |
+| ``etcdlock_ttl``             | ``30`` (seconds)                                                |
+| ``etcdlock_beat_ttl``        | ``10`` (seconds)                                                |
+| ``etcdlock_retry_max_delay`` | the URL's ``?retry_max_delay=``, else ``30`` s (``5`` s while   |
+|                              | ``etcdlock_url`` is not set: a first try should fail fast)      |
+| ``etcdlock_beat_name``       | the app's main name                                             |
 
-The client is shared by every task and the beat scheduler of the process; it
-rebuilds its connections and sessions by itself in a forked child.
+With Django's ``CELERY`` namespace the same settings are ``CELERY_ETCDLOCK_URL``
+and so on. The client is shared by every task and the beat scheduler of the
+process; it rebuilds its connections and sessions by itself in a forked child.
+
+Importing this module also teaches Celery to mask the password of
+``etcdlock_url`` wherever it shows settings (``celery report``, ``celery
+inspect conf``), as it masks ``broker_url``: Celery hides only names with
+PASS, KEY or SECRET in them, and URLs of brokers and result backends.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from celery import signals
+from celery.app import utils as celery_app_utils
 
 from .client import Client
 from .connect import connect
-from .options import DEFAULT_URL, check_seconds, check_ttl
+from .errors import BackendUnavailable
+from .options import DEFAULT_URL, check_seconds, check_ttl, redact
 
 DEFAULTS: dict[str, Any] = {
     "etcdlock_url": DEFAULT_URL,
@@ -35,10 +48,16 @@ DEFAULTS: dict[str, Any] = {
     "etcdlock_beat_name": None,  # the app's main name, else "celery"
 }
 
+#: how long to keep trying the default etcd when no etcdlock_url is set: a first try on a laptop should fail fast
+UNSET_URL_RETRY_MAX_DELAY = 5.0
+
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Settings:
-    url: str
+    url: str = field(repr=False)  # may hold a password: shown only through redact()
+    url_is_set: bool
     prefix: str | None
     ttl: float
     beat_ttl: float
@@ -53,14 +72,38 @@ class Settings:
             value = conf.get(name)
             return DEFAULTS[name] if value is None else value
 
+        url = conf.get("etcdlock_url")
+        if url is not None and not isinstance(url, str):
+            raise TypeError(f"etcdlock_url must be a str such as 'etcd3://host:2379', not {type(url).__name__}")
+        retry_max_delay = _seconds(get("etcdlock_retry_max_delay"), "etcdlock_retry_max_delay")
+        if url is None and retry_max_delay is None:
+            retry_max_delay = UNSET_URL_RETRY_MAX_DELAY
         return cls(
-            url=str(get("etcdlock_url")),
+            url=url if url is not None else DEFAULT_URL,
+            url_is_set=url is not None,
             prefix=None if get("etcdlock_prefix") is None else str(get("etcdlock_prefix")),
             ttl=check_ttl(get("etcdlock_ttl"), "etcdlock_ttl"),
             beat_ttl=check_ttl(get("etcdlock_beat_ttl"), "etcdlock_beat_ttl"),
-            retry_max_delay=_seconds(get("etcdlock_retry_max_delay"), "etcdlock_retry_max_delay"),
+            retry_max_delay=retry_max_delay,
             beat_name=str(get("etcdlock_beat_name") or app.main or "celery"),
         )
+
+    @property
+    def shown_url(self) -> str:
+        return redact(self.url)
+
+    def explain(self, error: BackendUnavailable) -> BackendUnavailable:
+        """``error`` with the setting that says where etcd is named in it."""
+        if self.url_is_set:
+            hint = f"etcdlock_url is {self.shown_url}"
+        else:
+            hint = (
+                f"etcdlock_url is not set, so the default {DEFAULT_URL} was tried: set app.conf.etcdlock_url "
+                "(CELERY_ETCDLOCK_URL with Django) to your etcd, or 'memory://' in tests"
+            )
+        explained = BackendUnavailable(f"{error} ({hint})", endpoints=error.endpoints)
+        explained.__cause__ = error.__cause__
+        return explained
 
 
 def _seconds(value: object, name: str) -> float | None:
@@ -71,9 +114,9 @@ _clients: dict[tuple[str, str | None, float | None], Client] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(app: Any) -> Client:
+def client_for(app: Any, settings: Settings | None = None) -> Client:
     """The process's client for ``app``'s settings, created on first use."""
-    settings = Settings.from_app(app)
+    settings = settings or Settings.from_app(app)
     key = (settings.url, settings.prefix, settings.retry_max_delay)
     with _clients_lock:
         client = _clients.get(key)
@@ -84,3 +127,52 @@ def client_for(app: Any) -> Client:
                 raise type(exc)(f"etcdlock_url / etcdlock_prefix: {exc}") from None
             _clients[key] = client
         return client
+
+
+# -- keeping the password out of Celery's settings dumps ---------------------------------------
+
+
+def _is_etcdlock_url(key: object) -> bool:
+    return isinstance(key, str) and "etcdlock_url" in key.lower()  # etcdlock_url, CELERY_ETCDLOCK_URL, ...
+
+
+def _mask_etcdlock_urls(filter_hidden_settings: Any) -> Any:
+    def filter_hidden_settings_and_etcdlock_urls(conf: Mapping[Any, Any]) -> dict[Any, Any]:
+        filtered = filter_hidden_settings(conf)
+        return {k: redact(v) if _is_etcdlock_url(k) and isinstance(v, str) else v for k, v in filtered.items()}
+
+    filter_hidden_settings_and_etcdlock_urls.masks_etcdlock_urls = True  # type: ignore[attr-defined]
+    return filter_hidden_settings_and_etcdlock_urls
+
+
+# Settings.table() (celery report, inspect conf, humanize) looks the filter up in its module at each call.
+if not getattr(celery_app_utils.filter_hidden_settings, "masks_etcdlock_urls", False):
+    celery_app_utils.filter_hidden_settings = _mask_etcdlock_urls(celery_app_utils.filter_hidden_settings)
+
+
+# -- a beat without the leader scheduler ---------------------------------------------------------
+
+
+def _uses_etcdlock(app: Any) -> bool:
+    """Whether ``app`` is configured for celery_etcdlock or has tasks of ours (this package may just be installed)."""
+    if any(_is_etcdlock_url(key) for key in app.conf.without_defaults()):
+        return True
+    return any(getattr(type(task), "etcdlock_locked", False) for task in app.tasks.values())
+
+
+LEADER_SCHEDULER = "celery_etcdlock.beat:LeaderScheduler"
+
+
+@signals.beat_init.connect(weak=False)
+def _warn_if_every_beat_sends(sender: Any = None, **_: Any) -> None:
+    """A plain beat next to leader-elected ones sends every entry again: say so at its start."""
+    app, scheduler = getattr(sender, "app", None), getattr(sender, "scheduler", None)
+    if app is None or scheduler is None or getattr(scheduler, "elects_a_leader", False) or not _uses_etcdlock(app):
+        return
+    logger.warning(
+        "celery beat runs with %s, not %s: this beat sends every periodic task itself, and so does every other "
+        "beat host; run each beat with -S %s (or set beat_scheduler) so that only the elected leader sends",
+        type(scheduler).__module__ + "." + type(scheduler).__qualname__,
+        LEADER_SCHEDULER,
+        LEADER_SCHEDULER,
+    )

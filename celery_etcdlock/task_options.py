@@ -10,11 +10,20 @@ name is ``lock_name`` rendered for the call if the task has one, else
 ``lock_name`` are a list of argument names (rendered ``name=<json>,...``),
 a format string over the arguments, or ``callable(args, kwargs) -> str``;
 arguments are bound through the task's signature, so a key names an
-argument however the caller passed it.
+argument however the caller passed it. With ``hash_key=True`` the part
+rendered from the arguments is replaced by its SHA-256, so that argument
+values (a customer's e-mail, say) appear in no etcd key, log line or CLI table.
+
+Names that users bring from celery-singleton or celery-once (``unique_on``,
+``lock_expiry``, ``once=``...) and close misspellings of ours fail at
+definition with the option to use instead: silently accepted, they would
+give a task another lock than the one its author meant.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import inspect
 import json
 import weakref
@@ -24,6 +33,7 @@ from typing import Any
 from .options import check_seconds, check_ttl
 
 ON_CONFLICT = ("skip", "raise", "retry", "wait")
+HASHED = "sha256:"  # what a hashed key starts with
 MODES = ("read", "write")
 LOCK_OPTIONS = (
     "key",
@@ -35,7 +45,24 @@ LOCK_OPTIONS = (
     "dedupe_ttl",
     "lock_name",
     "lock_mode",
+    "hash_key",
 )
+#: the decorators' names for options the task classes keep under another name
+DECORATOR_NAMES = {"lock": "lock_name", "mode": "lock_mode"}
+
+#: options of the libraries people migrate from, and what to write instead
+MIGRATION_HINTS = {
+    "unique_on": "celery-singleton's unique_on: use key=[...argument names...]",
+    "lock_expiry": "celery-singleton's lock_expiry: use lock_ttl= (a lock here is renewed while the task runs; "
+    "lock_ttl only bounds how long a dead worker keeps it)",
+    "raise_on_duplicate": "celery-singleton's raise_on_duplicate: use on_conflict='raise' (and dedupe_enqueue=True "
+    "to refuse duplicates at enqueue time)",
+    "once": "celery-once's once={...}: use key=[...] for once['keys'], on_conflict='skip' for graceful=True or "
+    "'raise' for graceful=False, lock_ttl= for timeout, and dedupe_enqueue=True to refuse duplicates at enqueue",
+    "keys": "celery-once's keys: use key=[...argument names...]",
+    "graceful": "celery-once's graceful: use on_conflict='skip' (graceful=True) or on_conflict='raise'",
+    "unlock_before_run": "celery-once's unlock_before_run: locks here are taken when the task runs, not at enqueue",
+}
 
 NameFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
 KeySpec = str | Sequence[str] | NameFunction | None
@@ -76,6 +103,24 @@ def check_options(options: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: mode must be 'read' or 'write', not {mode!r}")
     if options.get("dedupe_enqueue") and mode is not None:
         raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
+    if not isinstance(options.get("hash_key", False), bool):
+        raise TypeError(f"{where}: hash_key must be True or False, not {options['hash_key']!r}")
+
+
+def check_option_names(names: Sequence[str], known: set[str], where: str) -> None:
+    """Refuse options from celery-singleton/celery-once and near misses of ours, naming what to use.
+
+    ``known`` holds every other name that may legitimately appear (Celery's own task options).
+    """
+    ours = [*LOCK_OPTIONS, *DECORATOR_NAMES]
+    for name in names:
+        if name in MIGRATION_HINTS:
+            raise TypeError(f"{where}: {name}= is {MIGRATION_HINTS[name]}")
+        if name in ours or name in known or name.startswith("_"):
+            continue
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.8)
+        if close:
+            raise TypeError(f"{where}: unknown option {name!r}; did you mean {close[0]!r}?")
 
 
 _checked_classes: weakref.WeakSet[type] = weakref.WeakSet()
@@ -132,14 +177,21 @@ def _is_names(value: object) -> bool:
 
 def lock_name_for(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The name of the lock ``task`` takes for a call with these arguments."""
+    hashed = bool(option(task, "hash_key"))
     lock_name = option(task, "lock_name")
     if lock_name is not None:
-        return _render(lock_name, task, args, kwargs, "lock")
+        if isinstance(lock_name, str) and "{" not in lock_name:
+            return lock_name  # a fixed name, no arguments in it
+        return _hashed(_render(lock_name, task, args, kwargs, "lock"), hashed)
     base = f"task/{task.name}"
     key = option(task, "key")
     if key is None:
         return base
-    return f"{base}/{_render(key, task, args, kwargs, 'key')}"
+    return f"{base}/{_hashed(_render(key, task, args, kwargs, 'key'), hashed)}"
+
+
+def _hashed(text: str, hashed: bool) -> str:
+    return f"{HASHED}{hashlib.sha256(text.encode('utf-8')).hexdigest()}" if hashed else text
 
 
 def _render(spec: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> str:

@@ -42,26 +42,33 @@ from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
 from .client import Client
-from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay
-from .errors import EtcdLockError, LockLost, TaskLocked
+from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
+from .errors import BackendUnavailable, EtcdLockError, LockLost, TaskLocked
 from .mutex import Mutex
+from .options import MAX_SECONDS
 from .queue import QueueState
 from .rwlock import RWLock
 from .settings import Settings, client_for
 from .store import Fence
 from .task_options import (
+    DECORATOR_NAMES,
     LOCK_OPTIONS,
     KeySpec,
     NameFunction,
     check_class_options,
     check_key_names,
+    check_option_names,
     check_options,
     lock_name_for,
+    option,
 )
 
 logger = get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: the names Celery itself may put on a task class (so that a near miss of ours is not mistaken for one)
+_CELERY_NAMES = set(dir(celery.Task)) | {"bind", "shared", "lazy", "base", "filter", "app", "run", "__wrapped__"}
 
 
 class TaskLock(Fence, Protocol):
@@ -110,6 +117,9 @@ class SingletonTask(celery.Task):
       name (or format string, or callable), and ``"read"``/``"write"``.
     """
 
+    #: marks the tasks of this package (a beat of an app that has them warns if it does not elect a leader)
+    etcdlock_locked = True
+
     key: KeySpec = None
     lock_ttl: float | None = None
     on_conflict: str = "skip"
@@ -119,6 +129,20 @@ class SingletonTask(celery.Task):
     dedupe_ttl: float = 3600.0
     lock_name: str | NameFunction | None = None
     lock_mode: str | None = None  # None: exclusive, named after the task and key
+    hash_key: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # @app.task(base=..., **options) makes the options class attributes of a new subclass: take the
+        # decorators' names (lock=, mode=) here, where "lock" would otherwise replace the lock property
+        super().__init_subclass__(**kwargs)
+        where = f"task {cls.__dict__.get('name') or cls.__qualname__}"
+        for given, attribute in DECORATOR_NAMES.items():
+            if given in cls.__dict__ and not isinstance(cls.__dict__[given], property):
+                if attribute in cls.__dict__:
+                    raise TypeError(f"{where}: give {given}= or {attribute}=, not both")
+                setattr(cls, attribute, option(cls, given))
+                delattr(cls, given)
+        check_option_names(list(cls.__dict__), _CELERY_NAMES, where)
 
     @classmethod
     def on_bound(cls, app: celery.Celery) -> None:
@@ -145,8 +169,9 @@ class SingletonTask(celery.Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         check_class_options(type(self))
         name = self.lock_name_for(args, kwargs)
-        client = _client(self.app)
-        ttl = self._lock_ttl()
+        settings = Settings.from_app(self.app)  # once per run
+        client = _client(self.app, settings)
+        ttl = self.lock_ttl if self.lock_ttl is not None else settings.ttl
         request = self.request
         task_id: str | None = request.id
         hostname = request.hostname or socket.gethostname()
@@ -165,7 +190,11 @@ class SingletonTask(celery.Task):
             )
 
         lock = self._new_lock(client, name, ttl, on_lost, data)
-        if not self._acquire(lock, client, name, task_id, hostname):
+        try:
+            acquired = self._acquire(lock, client, name, task_id, hostname)
+        except BackendUnavailable as exc:
+            raise settings.explain(exc) from exc.__cause__
+        if not acquired:
             return None
         try:  # from the moment the lock is held: anything raised below (a soft time limit, too) releases it
             self._forget_marker(client, name, task_id)
@@ -187,9 +216,6 @@ class SingletonTask(celery.Task):
                 cause,
             )
         return result
-
-    def _lock_ttl(self) -> float:
-        return self.lock_ttl if self.lock_ttl is not None else Settings.from_app(self.app).ttl
 
     def _new_lock(
         self, client: Client, name: str, ttl: float, on_lost: Callable[[Any], None], data: dict[str, Any]
@@ -320,10 +346,15 @@ class SingletonTask(celery.Task):
         # name the marker from the arguments as the worker will see them (a tuple arrives as a list in JSON)
         seen_args, seen_kwargs = as_delivered((args or (), kwargs or {}), options.get("serializer") or self.serializer)
         name = self.lock_name_for(tuple(seen_args), dict(seen_kwargs))
-        markers = EnqueueMarkers(_client(self.app))
+        settings = Settings.from_app(self.app)
+        markers = EnqueueMarkers(_client(self.app, settings))
         task_id = task_id or celery.uuid()
-        ttl = self.dedupe_ttl + enqueue_delay(options, self.app.now)
-        other = markers.claim(name, task_id, self.name, ttl=ttl)
+        # the marker outlives a countdown or ETA, up to the longest TTL etcd is given
+        ttl = min(self.dedupe_ttl + enqueue_delay(options, self.app.now), MAX_SECONDS)
+        try:
+            other = markers.claim(name, task_id, self.name, ttl=ttl)
+        except BackendUnavailable as exc:
+            raise settings.explain(exc) from exc.__cause__
         if other is not None:
             return self.AsyncResult(other)
         try:
@@ -412,6 +443,7 @@ def _decorator(
     if not issubclass(base, SingletonTask):
         # keep the user's base behaviour and add the lock around it
         base = type(f"{default_base.__name__}{base.__name__}", (default_base, base), {})
+    check_option_names(list(options), _CELERY_NAMES, what)
     lock_options = {k: options[k] for k in LOCK_OPTIONS if k in options}
     check_options(lock_options, what)
 
@@ -440,8 +472,8 @@ _running = _RunningLocks()
 _used_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
-def _client(app: celery.Celery) -> Client:
-    client = client_for(app)
+def _client(app: celery.Celery, settings: Settings | None = None) -> Client:
+    client = client_for(app, settings)
     _used_clients.add(client)
     return client
 
@@ -511,12 +543,16 @@ def _finished(task: SingletonTask, task_id: str, patience: float = 2.0) -> bool:
 
 @signals.task_revoked.connect(weak=False)
 def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A revoked or expired message never runs: its enqueue marker must not keep others out."""
+    """A revoked or expired message never runs: its enqueue marker must not keep others out.
+
+    This runs in the worker's consumer, which must never wait for etcd: the delete is
+    handed to a background thread (a marker that is not deleted expires anyway).
+    """
     if not isinstance(sender, SingletonTask) or not sender.dedupe_enqueue or request is None or not request.id:
         return
     with contextlib.suppress(Exception):  # never fail the worker's revoke handling
         name = sender.lock_name_for(tuple(request.args or ()), dict(request.kwargs or {}))
-        EnqueueMarkers(_client(sender.app)).forget(name, request.id)
+        forget_in_background(_client(sender.app), name, request.id)
 
 
 @signals.worker_process_shutdown.connect(weak=False)

@@ -8,6 +8,7 @@ threads and solo pools. The real prefork worker is in test_tasks_worker.py.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_etcdlock import LockLost, Mutex, RWLock, TaskLocked
 from celery_etcdlock.keys import encode_name
-from celery_etcdlock.tasks import SingletonTask, rwlock_task, singleton_task
+from celery_etcdlock.tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
 from tests.servers import RedisServer
 
 app = celery.Celery("inproc", set_as_current=False)
@@ -435,3 +436,164 @@ def test_bad_settings_are_named(setting: str, value: Any) -> None:
     local.conf[setting] = value
     with pytest.raises((ValueError, TypeError), match=setting):
         Settings.from_app(local)
+
+
+# -- options users bring with them ------------------------------------------------------------------
+
+
+def test_class_based_tasks_take_the_decorators_option_names(etcd: Any) -> None:
+    local = celery.Celery("classy", set_as_current=False)
+    local.conf.update(etcdlock_url=app.conf.etcdlock_url, etcdlock_prefix=app.conf.etcdlock_prefix)
+
+    @local.task(shared=False, base=RWLockTask, bind=True, lock="index-{name}", mode="read")
+    def read_index(self: Any, name: str) -> str:
+        return f"{self.lock.mode} {self.lock.name}"
+
+    task = local.tasks[read_index.name]
+    assert (task.lock_name, task.lock_mode) == ("index-{name}", "read")
+    assert isinstance(type(task).__dict__.get("lock", type(task).lock), property)  # the lock property survives
+    with RWLock(etcd, "index-b", ttl=5).read():  # another reader: shared, not the task's own exclusive lock
+        assert read_index("b") == "read index-b"
+    with pytest.raises(TypeError, match="give lock= or lock_name=, not both"):
+
+        @local.task(shared=False, base=RWLockTask, lock="a", lock_name="b", mode="read")
+        def both() -> None: ...
+
+        local.tasks[both.name]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"unique_on": ["customer_id"]}, r"unique_on= is celery-singleton's unique_on: use key="),
+        ({"lock_expiry": 60}, "use lock_ttl="),
+        ({"raise_on_duplicate": True}, "use on_conflict='raise'"),
+        ({"once": {"keys": ["customer_id"], "graceful": True}}, "celery-once's once="),
+        ({"keys": ["customer_id"]}, "celery-once's keys: use key="),
+        ({"graceful": True}, "use on_conflict='skip'"),
+        ({"lock_tll": 60}, "unknown option 'lock_tll'; did you mean 'lock_ttl'"),
+        ({"on_conflit": "raise"}, "did you mean 'on_conflict'"),
+    ],
+)
+def test_options_of_other_libraries_and_misspellings_fail_at_definition(options: dict[str, Any], match: str) -> None:
+    local = celery.Celery("migrating", set_as_current=False)
+    with pytest.raises(TypeError, match=match):
+
+        @singleton_task(app=local, shared=False, **options)
+        def sync(customer_id: int) -> None: ...
+
+    with pytest.raises(TypeError, match=match):  # the class-based form too
+
+        @local.task(shared=False, base=SingletonTask, **options)
+        def sync_too(customer_id: int) -> None: ...
+
+        local.tasks[sync_too.name]
+
+
+def test_unknown_options_far_from_ours_are_left_to_celery() -> None:
+    local = celery.Celery("own", set_as_current=False)
+
+    @singleton_task(app=local, shared=False, audit_level=3)  # a user's own task attribute
+    def job() -> None: ...
+
+    assert local.tasks[job.name].audit_level == 3
+
+
+@singleton_task(app=app, bind=True, key=["email"], hash_key=True)
+def private(self: SingletonTask, email: str) -> str:
+    record(self, holders=self.lock.holders())
+    return "ran"
+
+
+def test_hash_key_keeps_argument_values_out_of_keys_and_holders(etcd: Any) -> None:
+    name = private.lock_name_for(("someone@example.com",))
+    assert name.startswith(f"task/{private.name}/sha256:") and "example" not in name
+    assert private.lock_name_for((), {"email": "someone@example.com"}) == name
+    assert private.lock_name_for(("other@example.com",)) != name
+    assert private("someone@example.com") == "ran"
+    assert calls[-1]["name"] == name
+    assert "example" not in json.dumps(calls[-1]["holders"])
+
+
+def test_a_huge_key_argument_gets_a_bounded_key(etcd: Any) -> None:
+    huge = "x" * 600_000  # as a key, twice in one transaction: over etcd's 1.5 MiB request limit
+    assert sync_customer(huge) == "ran"
+    with Mutex(etcd, sync_customer.lock_name_for((huge,)), ttl=5):  # the same lock, found again
+        assert sync_customer(huge) is None
+        [queue] = etcd.backend.list_queues("locks")
+        assert len(queue) < 300 and queue.startswith("locks/" + encode_name(f"task/{sync_customer.name}/"))
+
+
+# -- settings ---------------------------------------------------------------------------------------
+
+
+def test_an_unset_url_is_named_when_etcd_cannot_be_reached() -> None:
+    from celery_etcdlock import BackendUnavailable
+    from celery_etcdlock.settings import UNSET_URL_RETRY_MAX_DELAY, Settings
+
+    local = celery.Celery("fresh", set_as_current=False)
+    settings = Settings.from_app(local)
+    assert not settings.url_is_set and settings.url == "etcd3://127.0.0.1:2379"
+    assert settings.retry_max_delay == UNSET_URL_RETRY_MAX_DELAY  # a first try fails fast
+    explained = settings.explain(BackendUnavailable("etcd unreachable at http://127.0.0.1:2379: refused"))
+    assert "etcdlock_url is not set" in str(explained) and "CELERY_ETCDLOCK_URL" in str(explained)
+
+
+def test_an_unreachable_url_is_named_in_a_task_error_without_its_password() -> None:
+    from tests.servers import free_port
+
+    local = celery.Celery("unreachable", set_as_current=False)
+    local.conf.update(etcdlock_url=f"etcd3://app:s3cret@127.0.0.1:{free_port()}", etcdlock_retry_max_delay=0.5)
+
+    @singleton_task(app=local, shared=False)
+    def job() -> None: ...
+
+    with pytest.raises(Exception, match="etcdlock_url is etcd3://app:\\*\\*\\*@127.0.0.1") as raised:
+        local.tasks[job.name]()
+    assert "s3cret" not in str(raised.value)
+
+
+def test_celery_settings_dumps_mask_the_etcd_password(broker: str, etcd: Any) -> None:
+    """What `celery report` prints and `celery inspect conf` answers never carries the etcd password."""
+    import celery_etcdlock.settings  # noqa: F401  (installs the masking, as any use of the package does)
+
+    local = celery.Celery("masked", set_as_current=False)
+    local.config_from_object({"CELERY_ETCDLOCK_URL": "etcd3://app:pa%2Fss@h:2379"}, namespace="CELERY")
+    table = local.conf.table(with_defaults=False)
+    assert table["CELERY_ETCDLOCK_URL"] == "etcd3://app:***@h:2379"
+    assert "pa%2Fss" not in local.conf.humanize()
+    previous = app.conf.etcdlock_url
+    app.conf.etcdlock_url = previous.replace("://", "://app:w0rd@", 1)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=True, shutdown_timeout=30):
+            answers = app.control.inspect(timeout=10).conf()
+        assert answers, "no worker answered inspect conf"
+        shown = json.dumps(answers)
+        assert "etcdlock_url" in shown and "w0rd" not in shown and "app:***@" in shown
+    finally:
+        app.conf.etcdlock_url = previous
+
+
+@app.task(shared=False)
+def echo(value: Any) -> Any:
+    return value
+
+
+def test_an_expired_message_never_stalls_the_consumer_while_etcd_is_down(broker: str, own_etcd: Any) -> None:
+    """The consumer handles revoked and expired messages itself: it must never wait for etcd (10.7)."""
+    url = own_etcd.url(prefix=f"/stall-{uuid.uuid4().hex[:8]}")
+    from tests.servers import wait_until
+
+    previous = {k: app.conf.get(k) for k in ("etcdlock_url", "etcdlock_prefix", "etcdlock_retry_max_delay")}
+    app.conf.update(etcdlock_url=url, etcdlock_prefix=_prefix(url), etcdlock_retry_max_delay=120)
+    try:
+        expires_at = time.time() + 0.2
+        doomed = deduped.apply_async(("stall",), expires=0.2)  # its marker is in etcd now
+        own_etcd.stop()
+        wait_until(lambda: time.time() > expires_at + 0.1, 5, "the message to expire unconsumed")
+        # the consumer meets the expired message first; forgetting its marker would wait 120 s for etcd
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=True, shutdown_timeout=30):
+            assert echo.delay("through").get(timeout=20) == "through"
+        assert doomed.state == "REVOKED"
+    finally:
+        app.conf.update(previous)
