@@ -15,42 +15,8 @@ The schedule's state, each entry's last run time and run count, is one JSON
 document in etcd (``DocumentStore(client, "beat-state")``, named like the
 election), so a new leader continues where the old one stopped.
 
-The guarantee, exactly:
-
-- Every run is *recorded before it is sent*, by a compare-and-swap of the
-  state document on the version this leader last read or wrote. Successful
-  writes therefore form one chain, each computed from the one before, and a
-  run that one write records is never due again in any later write: **no run
-  is ever sent twice**, whatever processes pause, die or get partitioned.
-- The document is fenced by the election. A new leader's first write records
-  its election token in the document (a compare-and-swap on the version it
-  read), so every later write of an earlier leader fails; in etcd v3 every
-  write is moreover one transaction that checks the writer's election entry
-  still exists with that token, so it fails as soon as that entry is gone.
-  A process sends a run only if its write succeeded *and* ``is_leader`` is
-  still true afterwards, and ``is_leader`` turns false locally before the TTL
-  can lapse on the server. **A deposed leader (paused, partitioned, cut off
-  from etcd) therefore never sends**, and in v3 never writes. In v2 a write
-  that was being retried across the deposition can still land before the new
-  leader's take-over write; that run is then recorded but not sent (the
-  sender re-checks ``is_leader``), so it is lost, never doubled. The one
-  exception to "never sends" is a process frozen in the instant between that
-  last check and the publish to the broker, which publishes that one run late
-  when it resumes: a run it recorded while leading, which no other leader
-  sends again.
-- A run that fell due while no leader was up is sent once by the next leader,
-  as soon as it takes over (Celery's own catch-up rule: one overdue run, not
-  one per missed interval).
-- Runs are sent *at most* once: a leader that dies (or loses leadership, or
-  fails to publish to the broker) between recording a run and publishing it
-  loses that one run; the next one is sent on time.
-- While etcd cannot be reached nobody sends (fail closed): the leader cannot
-  record runs (each write is retried by the retry policy, up to
-  ``etcdlock_retry_max_delay``), and it is deposed once it could not renew for
-  the TTL. When etcd is back, a leader is elected and catches up as above.
-- "Due" is judged by the clock of the leader: keep the hosts' clocks in sync
-  (NTP). Skew between two hosts shifts the first run after a fail-over by at
-  most that skew.
+What it guarantees (no run sent twice, a missed run sent once, at most
+once, fail closed), and why, is in docs/beat.md.
 
 Losing leadership is not fatal: the scheduler stops sending at once, logs it
 and campaigns again. ``close()`` (celery beat calls it on SIGTERM and Ctrl-C)
@@ -74,6 +40,7 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.utils.log import get_logger
 from celery.utils.time import maybe_make_aware
 
+from . import observe
 from .backends.base import Record
 from .client import Client
 from .election import Election
@@ -105,6 +72,10 @@ def beat_name(app: Any) -> str:
 
 def encode_time(value: datetime) -> str:
     return maybe_make_aware(value).astimezone(timezone.utc).isoformat()
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def decode_state(name: str, state: object, tz: Any) -> tuple[datetime, int] | None:
@@ -201,7 +172,10 @@ class LeaderScheduler(Scheduler):
         if not self.is_leader:
             logger.warning("beat %s: not sending %s: no longer the leader", self.identity, entry.name)
             return None
-        return super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        result = super().apply_async(entry, producer=producer, advance=False, **kwargs)
+        if observe.listening():
+            observe.report(observe.Event(observe.BEAT_SENT, name=self.name, data={"entry": entry.name}))
+        return result
 
     def sync(self) -> None:
         pass  # every run is already in etcd
@@ -381,6 +355,7 @@ class LeaderScheduler(Scheduler):
             "leader": self.identity,
             "token": token,
             "since": encode_time(now),
+            "changes": _count(previous.get("changes")) + (previous.get("leader") != self.identity),
             "entries": {
                 name: {"last_run_at": encode_time(last), "total_run_count": count}
                 for name, (last, count) in adopted.items()

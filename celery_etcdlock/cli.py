@@ -29,10 +29,17 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 
 from . import keys
 from .backends.base import Entry
+from .beat import STATE_KIND as BEAT_STATE_KIND
 from .client import Client
+from .connect import connect
 from .errors import EtcdLockError
+from .options import DEFAULT_TIMEOUT
 from .queue import QueueState, read_state
-from .settings import client_for
+from .settings import Settings
+from .store import DocumentStore
+
+#: seconds an interactive command keeps trying etcd (a worker keeps trying for etcdlock_retry_max_delay)
+DEFAULT_CLI_TIMEOUT = 3.0
 
 # -- what the commands show -------------------------------------------------
 
@@ -84,6 +91,8 @@ class ElectionState:
     name: str
     leader: Request | None
     candidates: list[Request]  # standing by, in the order they would take over
+    since: str | None = None  # when the leader took over (a beat's state document records it), ISO 8601
+    changes: int | None = None  # how many times a process took over from another (the first counts; beat only)
 
 
 def _first_str(mapping: dict[str, Any], *names: str) -> str | None:
@@ -111,14 +120,23 @@ def list_locks(client: Client) -> list[LockState]:
 def list_elections(client: Client) -> list[ElectionState]:
     """Every election with a candidate: the leader (the first entry) and the others in order."""
     states = []
+    beat_states = DocumentStore(client, BEAT_STATE_KIND)
     for queue_key, entries in client.backend.list_queues(keys.ELECTIONS).items():
         if not entries:
             continue
+        name = _queue_name(queue_key)
+        since = changes = None
+        if name.startswith("beat/"):  # a beat leader records when it took over, in the schedule's state
+            record = beat_states.get(name.removeprefix("beat/"))
+            if record is not None and record.value.get("token") == entries[0].token:
+                since, changes = record.value.get("since"), record.value.get("changes")
         states.append(
             ElectionState(
-                name=_queue_name(queue_key),
+                name=name,
                 leader=Request.from_entry(entries[0], "leader"),
                 candidates=[Request.from_entry(e, "candidate") for e in entries[1:]],
+                since=since,
+                changes=changes,
             )
         )
     return sorted(states, key=lambda s: s.name)
@@ -204,10 +222,13 @@ def elections_table(states: Sequence[ElectionState]) -> str:
     rows: list[list[object]] = []
     for state in states:
         if state.leader is not None:
-            rows.append([state.name, "leader", state.leader.holder, state.leader.token, _ttl_text(state.leader.ttl)])
+            leader = state.leader
+            rows.append(
+                [state.name, "leader", leader.holder, leader.token, _ttl_text(leader.ttl), state.since, state.changes]
+            )
         for candidate in state.candidates:
-            rows.append(["", "candidate", candidate.holder, candidate.token, _ttl_text(candidate.ttl)])
-    return format_table(["ELECTION", "ROLE", "IDENTITY", "TOKEN", "TTL"], rows)
+            rows.append(["", "candidate", candidate.holder, candidate.token, _ttl_text(candidate.ttl), "", ""])
+    return format_table(["ELECTION", "ROLE", "IDENTITY", "TOKEN", "TTL", "SINCE", "CHANGES"], rows)
 
 
 def _json(value: object) -> str:
@@ -217,6 +238,14 @@ def _json(value: object) -> str:
 # -- the click commands ---------------------------------------------------------
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, max=300),
+    default=DEFAULT_CLI_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to keep trying to reach etcd before giving up.",
+)
 
 
 @contextmanager
@@ -228,9 +257,17 @@ def _etcd_errors() -> Iterator[None]:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
 
-def _client(ctx: click.Context) -> Client:
+
+def _client(ctx: click.Context, timeout: float) -> Client:
+    """A client of the app's settings, with an interactive retry budget: a command answers at once."""
     with _etcd_errors():
-        return client_for(ctx.obj.app)
+        settings = Settings.from_app(ctx.obj.app)
+        return connect(
+            settings.url,
+            prefix=settings.prefix,
+            retry_max_delay=timeout,
+            timeout=max(0.5, min(timeout, DEFAULT_TIMEOUT)),
+        )
 
 
 @click.group(name="etcdlock")
@@ -242,11 +279,12 @@ def etcdlock(ctx: click.Context) -> None:
 
 @etcdlock.command(cls=CeleryCommand)
 @json_option
+@timeout_option
 @click.option("--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS.")
 @click.pass_context
-def locks(ctx: click.Context, as_json: bool, interval: float | None) -> None:
+def locks(ctx: click.Context, as_json: bool, interval: float | None, timeout: float) -> None:
     """List held locks: name, holder task id and host, token, TTL left, waiters."""
-    client = _client(ctx)
+    client = _client(ctx, timeout)
 
     def show() -> None:
         with _etcd_errors():
@@ -263,11 +301,12 @@ def locks(ctx: click.Context, as_json: bool, interval: float | None) -> None:
 
 @etcdlock.command(cls=CeleryCommand)
 @json_option
+@timeout_option
 @click.option("--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS.")
 @click.pass_context
-def leader(ctx: click.Context, as_json: bool, interval: float | None) -> None:
+def leader(ctx: click.Context, as_json: bool, interval: float | None, timeout: float) -> None:
     """Show the beat leader (and every other election) with its standby candidates."""
-    client = _client(ctx)
+    client = _client(ctx, timeout)
 
     def show() -> None:
         with _etcd_errors():
@@ -286,15 +325,16 @@ def leader(ctx: click.Context, as_json: bool, interval: float | None) -> None:
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
+@timeout_option
 @click.pass_context
-def release(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
+def release(ctx: click.Context, name: str, yes: bool, as_json: bool, timeout: float) -> None:
     """Force-release the lock NAME, whoever holds it.
 
     The holder learns at its next renewal that the lock is lost; the next
     waiter acquires it with a higher token. Use it for a lock whose holder
     is stuck, not one that died (a dead holder's lock expires by itself).
     """
-    client = _client(ctx)
+    client = _client(ctx, timeout)
     with _etcd_errors():
         state = find_lock(client, name)
     if state is None:

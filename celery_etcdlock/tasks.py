@@ -35,12 +35,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 import celery
-from celery import shared_task, signals
+from celery import shared_task
+from celery import signals as celery_signals
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
+from . import observe, signals
 from .client import Client
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
 from .errors import BackendUnavailable, EtcdLockError, LockLost, TaskLocked
@@ -242,6 +244,7 @@ class SingletonTask(celery.Task):
         if task_id and any(h["data"].get("task_id") == task_id for h in holders):
             return self._acquire_after_own_attempt(lock, name, task_id, hostname)
         holder = _describe(holders)
+        self._report_conflict(name, task_id, holders)
         if self.on_conflict == "retry":
             logger.info(
                 "task %s[%s] found %s held by %s; retrying in %ss",
@@ -270,7 +273,13 @@ class SingletonTask(celery.Task):
                 holder=_first(holders),
             )
         logger.info("task %s[%s] skipped: %s is held by %s", self.name, task_id, name, holder)
+        signals.skipped(self, task_id, name, holders)
         return False
+
+    def _report_conflict(self, name: str, task_id: str | None, holders: list[dict[str, Any]]) -> None:
+        if observe.listening():
+            data = {"task": self.name, "task_id": task_id, "on_conflict": self.on_conflict}
+            observe.report(observe.Event(observe.TASK_CONFLICT, name=name, data=data, holders=tuple(holders)))
 
     def _wait_for(self, lock: TaskLock, client: Client, name: str, task_id: str | None) -> bool:
         """``on_conflict="wait"``: keep the place in the queue the acquire took, up to ``lock_timeout``."""
@@ -281,6 +290,8 @@ class SingletonTask(celery.Task):
             holders = state.described()
             own_attempt = bool(task_id) and any(h["data"].get("task_id") == task_id for h in holders)
             logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, _describe(holders))
+            if not own_attempt:
+                self._report_conflict(name, task_id, holders)
 
         if lock.acquire(timeout=self.lock_timeout, on_wait=waiting):
             if own_attempt and task_id and _finished(self, task_id):
@@ -541,7 +552,7 @@ def _finished(task: SingletonTask, task_id: str, patience: float = 2.0) -> bool:
 # releases the lock; SIGKILL and the hard time limit leave it to the TTL.
 
 
-@signals.task_revoked.connect(weak=False)
+@celery_signals.task_revoked.connect(weak=False)
 def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A revoked or expired message never runs: its enqueue marker must not keep others out.
 
@@ -555,7 +566,7 @@ def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any)
         forget_in_background(_client(sender.app), name, request.id)
 
 
-@signals.worker_process_shutdown.connect(weak=False)
+@celery_signals.worker_process_shutdown.connect(weak=False)
 def _close_clients(**_: Any) -> None:
     """A recycled pool child gives its sessions back at once (v3 revokes its lease)."""
     for client in list(_used_clients):

@@ -36,6 +36,7 @@ from celery import Celery
 
 from celery_etcdlock import Election, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
+from celery_etcdlock.cli import list_elections
 from celery_etcdlock.store import DocumentStore
 from tests.servers import EtcdServer, wait_until
 
@@ -516,6 +517,13 @@ def test_sigkill_leader_another_takes_over_without_doubles(etcd_url, redis_url, 
     beats.settle()
     assert {r["sender"] for r in beats.runs_after(killed_at)} == {new_leader}
     beats.check_no_doubles()
+    client = connect(etcd_url)
+    try:
+        [election] = [e for e in list_elections(client) if e.name.startswith("beat/")]
+    finally:
+        client.close()
+    assert election.leader is not None and election.leader.holder == new_leader
+    assert election.since is not None and election.changes == 2  # the first leader took over, then the new one
 
 
 def test_sigstop_leader_resumes_as_follower_and_sends_nothing(etcd_url, redis_url, make_beats):

@@ -236,12 +236,18 @@ def test_release_of_a_free_lock_fails_clearly(run_cli: Callable[..., Result]):
     assert run_cli("release", "x", "--json").exit_code != 0  # --json cannot ask for confirmation
 
 
-def test_unreachable_etcd_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    module = make_app(tmp_path, monkeypatch, f"etcd://127.0.0.1:{free_port()}", "/x", etcdlock_retry_max_delay=1)
-    result = CliRunner().invoke(celery_cli, ["-A", module, "etcdlock", "locks"], catch_exceptions=False)
+@pytest.mark.timeout(60)  # the app's own budget is 120 s: the command must not use it
+@pytest.mark.parametrize("command", [["locks"], ["leader"], ["release", "x", "--yes"]])
+def test_unreachable_etcd_is_a_quick_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command):
+    port = free_port()
+    module = make_app(tmp_path, monkeypatch, f"etcd3://127.0.0.1:{port}", "/x", etcdlock_retry_max_delay=120)
+    result = CliRunner().invoke(celery_cli, ["-A", module, "etcdlock", *command], catch_exceptions=False)
     assert result.exit_code == 1
-    assert "BackendUnavailable" in result.output
+    assert "BackendUnavailable: etcd unreachable at" in result.output
+    assert result.output.count(f"127.0.0.1:{port}") == 1, result.output  # the endpoint, once
     assert "Traceback" not in result.output
+    quick = CliRunner().invoke(celery_cli, ["-A", module, "etcdlock", "locks", "--timeout", "0"])
+    assert quick.exit_code == 1 and "etcd unreachable" in quick.output
 
 
 @pytest.mark.parametrize("api", ["v2"])

@@ -388,18 +388,6 @@ def test_record_with_ttl_expires(backend: Etcd3Backend) -> None:
     wait_until(lambda: backend.get_record("records/markers/m") is None, 60, "the record to expire")
 
 
-def test_list_records_gives_direct_children_only(backend: Etcd3Backend) -> None:
-    a = backend.put_record("records/k/a", {"n": 1}, expect=None)
-    b = backend.put_record("records/k/b", {"n": 2}, expect=None, ttl=60)
-    backend.put_record("records/k/b/nested", {"n": 3}, expect=None)
-    backend.put_record("records/kk/c", {"n": 4}, expect=None)
-    found = sorted(backend.list_records("records/k"), key=lambda r: r.key)
-    assert [(r.key, r.value) for r in found] == [("records/k/a", {"n": 1}), ("records/k/b", {"n": 2})]
-    assert found[0] == a and found[0].ttl is None
-    assert b is not None and found[1].version == b.version and found[1].ttl is not None and found[1].ttl > 30
-    assert backend.list_records("records/none") == []
-
-
 # -- auth ---------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("queue", {"queue"}),
     ("primitives", {"mutex", "rwlock", "election"}),
     ("store", {"store"}),
-    ("celery", {"settings", "task_options", "dedupe", "tasks", "beat"}),
+    ("celery", {"settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
     ("cli", {"cli"}),
     ("package", {""}),  # __init__: the public names
 ]
