@@ -396,8 +396,10 @@ class Gateway:
 
     def _get(self, index: int, path: str) -> tuple[int, bytes]:
         """A plain ``GET`` of ``path`` on endpoint ``index``, to find out what the server is: (0, b"") if none."""
+        with self._local:
+            pool = self._pool(index)
         try:
-            response = self._pool(index).urlopen(
+            response = pool.urlopen(
                 "GET", path, timeout=self.options.timeout, retries=_NO_RETRIES, redirect=False, preload_content=False
             )
             return response.status, response.data
