@@ -237,8 +237,6 @@ def test_nothing_comes_from_the_environment(
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.setenv(name, dead_proxy)
     monkeypatch.setenv("NO_PROXY", "")
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "missing.pem"))
-    monkeypatch.setenv("CURL_CA_BUNDLE", str(tmp_path / "missing.pem"))
     (tmp_path / ".netrc").write_text(f"machine 127.0.0.1 login {APP_USER} password wrong\n")
     monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -496,8 +494,10 @@ def test_fail_over_to_the_next_endpoint(etcd3_server: EtcdServer, prefix: str) -
 # -- TLS ----------------------------------------------------------------------------------------
 
 
-def test_tls(etcd_server_factory: Callable[..., EtcdServer]) -> None:
+def test_tls(etcd_server_factory: Callable[..., EtcdServer], monkeypatch: pytest.MonkeyPatch) -> None:
     etcd = etcd_server_factory("3.5", enable_v2=False, tls=True)
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests would trust these: the URL alone says whom
+        monkeypatch.setenv(name, str(etcd.ca_file))
     b = make(etcd.url(prefix="/tls"), retry_max_delay=5)  # with ?ca=&cert=&key=
     entry = join(b, "locks/q", b.grant(10))
     assert b.read_queue("locks/q").entries == [entry]
