@@ -244,6 +244,8 @@ class EtcdServer:
     must then present ``client_cert``/``client_key`` (etcd demands one once it has a trusted CA,
     whatever ``--client-cert-auth`` says). ``url()`` carries all three as ``?ca=&cert=&key=``.
 
+    ``extra_flags``: more etcd flags, after ours (``("--auth-token-ttl=1",)``).
+
     ``auth=True``: users ``root`` (ROOT_PASSWORD) and ``app`` (APP_PASSWORD, role ``app`` with
     read-write on every key), then auth enabled. etcd keeps two unrelated auth stores:
 
@@ -268,6 +270,7 @@ class EtcdServer:
         name: str = "etcdlock-test",
         api: str | None = None,
         client_cert_auth: bool = False,
+        extra_flags: tuple[str, ...] = (),
     ) -> None:
         if api is None:
             api = "v2" if enable_v2 else "v3"
@@ -281,6 +284,7 @@ class EtcdServer:
         self.tls = tls
         self.auth = auth
         self.client_cert_auth = client_cert_auth
+        self.extra_flags = list(extra_flags)  # appended to the command line: they win over ours
         self.api = api
         self.name = name
         self.dir = Path(tempfile.mkdtemp(prefix=f"etcdlock-etcd{version}-"))
@@ -399,7 +403,7 @@ class EtcdServer:
             if self.client_cert_auth:
                 # etcd requires a client cert from every client as soon as it has a trusted CA.
                 cmd += [f"--trusted-ca-file={self.ca_file}", "--client-cert-auth=true"]
-        return cmd
+        return cmd + self.extra_flags
 
     def _spawn(self) -> None:
         with open(self.log_path, "ab") as log:

@@ -1,58 +1,39 @@
 """The etcd v3 backend against a real etcd 3.5 started without the v2 API.
 
-Every method of ``backends.base.Backend`` is exercised on real servers: an
-etcd 3.5, one with auth, one with TLS, one without the JSON gateway, a redis
-and a plain HTTP server (for the "this is not a v3 etcd" errors), and dead
-ports (for fail-over and ``BackendUnavailable``). Request counts come from
-wrapping ``requests.Session.send``, which every request of the backend goes
-through.
+Every method of ``backends.base.Backend`` is exercised on a real server: the
+queues, leases, records and watches, what each operation costs in requests,
+and what it leaves behind on the server (keys, leases). The transport under
+it (auth, TLS, servers that are not a v3 etcd, failures) is tested in
+test_gateway.py. Requests are counted by wrapping urllib3's ``urlopen``,
+which every request of the backend goes through.
 """
 
 from __future__ import annotations
 
 import base64
-import http.server
 import multiprocessing
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import requests
 
 from celery_etcdlock import retry
-from celery_etcdlock.backends.base import Entry, LeaseExpired, WaitResult
+from celery_etcdlock.backends.base import Entry, Lease, LeaseExpired, WaitResult
 from celery_etcdlock.backends.etcd3 import Etcd3Backend, V3Lease
 from celery_etcdlock.connect import parse_url
-from celery_etcdlock.errors import AuthenticationFailed, BackendError, BackendUnavailable, UnsupportedServer
 
-from .servers import APP_USER, EtcdServer, RedisServer, free_port, wait_until
-
-
-class _Etcd(EtcdServer):
-    """EtcdServer with extra command-line flags."""
-
-    def __init__(self, *args: Any, extra: tuple[str, ...] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.extra = list(extra)
-
-    def _command(self) -> list[str]:
-        return super()._command() + self.extra
+from .servers import EtcdServer, free_port, wait_until
+from .test_gateway import count_requests
 
 
 @pytest.fixture
 def server(etcd3_server: EtcdServer) -> EtcdServer:
     """The session's etcd 3.5 without v2 (conftest)."""
     return etcd3_server
-
-
-@pytest.fixture(scope="module")
-def auth_server() -> Iterator[EtcdServer]:
-    with EtcdServer("3.5", enable_v2=False, auth=True) as etcd:
-        yield etcd
 
 
 def make(url: str, **kwargs: Any) -> Etcd3Backend:
@@ -72,21 +53,28 @@ def backend(server: EtcdServer, prefix: str) -> Iterator[Etcd3Backend]:
 
 
 @pytest.fixture
-def requests_sent(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Counts every HTTP request any requests.Session sends, by URL path."""
-    counts: Counter[str] = Counter()
-    real_send = requests.Session.send
+def requests_sent() -> Iterator[Counter[str]]:
+    """Counts every HTTP request the test sends through urllib3, by URL path."""
+    with count_requests() as counts:
+        yield counts
 
-    def send(self: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
-        counts[requests.utils.urlparse(request.url).path] += 1
-        return real_send(self, request, **kwargs)
 
-    monkeypatch.setattr(requests.Session, "send", send)
-    return counts
+def join(backend: Etcd3Backend, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
+    """A new entry in ``queue`` (join_queue, the only way to make one; its snapshot is not needed here)."""
+    entry, snapshot = backend.join_queue(queue, value, lease)
+    assert snapshot.entries[-1] == entry
+    return entry
 
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+def server_leases(server: EtcdServer) -> set[str]:
+    """Every lease the server knows (``POST /v3/lease/leases``)."""
+    status, reply = server.v3("lease/leases", {})
+    assert status == 200, reply
+    return {lease["ID"] for lease in reply.get("leases", [])}
 
 
 def raw_keys(server: EtcdServer, prefix: str) -> dict[str, dict[str, Any]]:
@@ -134,10 +122,10 @@ def test_queue_entries_in_creation_order_with_create_revision_tokens(
     backend: Etcd3Backend, server: EtcdServer, prefix: str
 ) -> None:
     lease = backend.grant(10)
-    first = backend.create_entry("locks/q", {"mode": "write", "holder": "a"}, lease)
-    second = backend.create_entry("locks/q", {"mode": "read", "holder": "b"}, lease)
-    third = backend.create_entry("locks/q", {"mode": "write", "holder": "a"}, lease)  # same value, own key
-    backend.create_entry("locks/q2", {"mode": "write"}, lease)  # a sibling queue is not part of it
+    first = join(backend, "locks/q", {"mode": "write", "holder": "a"}, lease)
+    second = join(backend, "locks/q", {"mode": "read", "holder": "b"}, lease)
+    third = join(backend, "locks/q", {"mode": "write", "holder": "a"}, lease)  # same value, own key
+    join(backend, "locks/q2", {"mode": "write"}, lease)  # a sibling queue is not part of it
 
     snapshot = backend.read_queue("locks/q")
     assert snapshot.entries == [first, second, third]
@@ -162,7 +150,7 @@ def test_empty_queue_reads_with_the_current_revision(backend: Etcd3Backend, serv
 
 def test_keys_stay_under_the_prefix(server: EtcdServer, prefix: str) -> None:
     mine, other = make(server.url(prefix=prefix)), make(server.url(prefix=prefix + "-other"))
-    entry = mine.create_entry("locks/x", {}, mine.grant(10))
+    entry = join(mine, "locks/x", {}, mine.grant(10))
     assert list(raw_keys(server, prefix + "/")) == [f"{prefix}/{entry.key}"]
     assert other.read_queue("locks/x").entries == []
     assert other.list_queues("locks") == {}
@@ -173,17 +161,17 @@ def test_create_with_a_dead_lease_raises_lease_expired(backend: Etcd3Backend) ->
     stale = V3Lease(lease.lease_id, 10, 10)  # type: ignore[attr-defined]
     backend.revoke(lease, [])
     with pytest.raises(LeaseExpired):
-        backend.create_entry("locks/q", {}, stale)  # the server says the lease is gone
+        join(backend, "locks/q", {}, stale)  # the server says the lease is gone
     assert stale.expired
     with pytest.raises(LeaseExpired):
-        backend.create_entry("locks/q", {}, stale)  # known locally now
+        join(backend, "locks/q", {}, stale)  # known locally now
     assert backend.read_queue("locks/q").entries == []
 
 
 def test_revoke_deletes_the_entries_of_the_lease(backend: Etcd3Backend) -> None:
     lease = backend.grant(30)
-    backend.create_entry("locks/q", {}, lease)
-    backend.create_entry("locks/r", {}, lease)
+    join(backend, "locks/q", {}, lease)
+    join(backend, "locks/r", {}, lease)
     backend.revoke(lease, [])
     backend.revoke(lease, [])  # twice is quiet
     assert backend.list_queues("locks") == {}
@@ -191,18 +179,32 @@ def test_revoke_deletes_the_entries_of_the_lease(backend: Etcd3Backend) -> None:
 
 def test_list_queues(backend: Etcd3Backend) -> None:
     lease = backend.grant(10)
-    a1 = backend.create_entry("locks/a", {"n": 1}, lease)
-    b1 = backend.create_entry("locks/b", {"n": 2}, lease)
-    a2 = backend.create_entry("locks/a", {"n": 3}, lease)
-    backend.create_entry("elections/a", {}, lease)
+    a1 = join(backend, "locks/a", {"n": 1}, lease)
+    b1 = join(backend, "locks/b", {"n": 2}, lease)
+    a2 = join(backend, "locks/a", {"n": 3}, lease)
+    join(backend, "elections/a", {}, lease)
     backend.put_record("locks/a/deeper/not-an-entry", {}, expect=None)
     assert backend.list_queues("locks") == {"locks/a": [a1, a2], "locks/b": [b1]}
     assert backend.list_queues("nothing") == {}
 
 
+def test_list_queues_gives_each_entry_its_lease_time_left(backend: Etcd3Backend, requests_sent: Counter[str]) -> None:
+    short, long = backend.grant(5.5), backend.grant(60.5)  # etcd grants 5 s and 60 s
+    entries = [join(backend, "locks/a", {}, short), join(backend, "locks/a", {}, long)]
+    entries += [join(backend, "locks/b", {}, long), join(backend, "locks/c", {}, short)]
+    requests_sent.clear()
+    queues = backend.list_queues("locks")
+    assert requests_sent == {"/v3/kv/range": 1, "/v3/kv/lease/timetolive": 2}  # one per lease, not per entry
+    listed = [entry for queue in ("locks/a", "locks/b", "locks/c") for entry in queues[queue]]
+    assert listed == entries
+    ttls = [entry.ttl for entry in listed]
+    assert all(ttl is not None for ttl in ttls), ttls
+    assert 0 < ttls[0] <= 5 and 50 < ttls[1] <= 60 and ttls[2] == ttls[1] and ttls[3] == ttls[0], ttls
+
+
 def test_delete_entry_is_guarded_by_create_revision(backend: Etcd3Backend, server: EtcdServer, prefix: str) -> None:
     lease = backend.grant(10)
-    entry = backend.create_entry("locks/q", {"holder": "me"}, lease)
+    entry = join(backend, "locks/q", {"holder": "me"}, lease)
     assert backend.delete_entry(entry) is True
     assert backend.delete_entry(entry) is False  # gone already
 
@@ -226,7 +228,7 @@ def test_grant_leaves_room_for_etcds_expiry_loop(backend: Etcd3Backend) -> None:
 
 def test_keep_alive_renews_and_reports_a_dead_lease(backend: Etcd3Backend) -> None:
     lease = backend.grant(10)
-    entries = [backend.create_entry("locks/q", {}, lease) for _ in range(3)]
+    entries = [join(backend, "locks/q", {}, lease) for _ in range(3)]
     assert backend.keep_alive(lease, entries, timeout=5) == set()
     assert not lease.expired
 
@@ -237,7 +239,7 @@ def test_keep_alive_renews_and_reports_a_dead_lease(backend: Etcd3Backend) -> No
 
 def test_keep_alive_reports_entries_deleted_behind_its_back(backend: Etcd3Backend) -> None:
     lease = backend.grant(30)
-    kept, released = backend.create_entry("locks/a", {}, lease), backend.create_entry("locks/b", {}, lease)
+    kept, released = join(backend, "locks/a", {}, lease), join(backend, "locks/b", {}, lease)
     backend.delete_entry(released)  # as `celery etcdlock release` does from another process
     assert backend.keep_alive(lease, [kept, released], timeout=5) == {released.key}
     assert not lease.expired
@@ -245,7 +247,7 @@ def test_keep_alive_reports_entries_deleted_behind_its_back(backend: Etcd3Backen
 
 def test_a_renewal_of_500_entries_is_two_requests(backend: Etcd3Backend, requests_sent: Counter[str]) -> None:
     lease = backend.grant(30)
-    entries = [backend.create_entry("locks/many", {"i": i}, lease) for i in range(500)]
+    entries = [join(backend, "locks/many", {"i": i}, lease) for i in range(500)]
     assert requests_sent["/v3/kv/txn"] == 500
     requests_sent.clear()
     assert backend.keep_alive(lease, entries, timeout=5) == set()
@@ -266,12 +268,14 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
 
     lease, sent = cost(backend.grant, 10)
     assert sent == {"/v3/lease/grant": 1}
-    entry, sent = cost(backend.create_entry, "locks/q", {}, lease)
-    assert sent == {"/v3/kv/txn": 1}
+    (entry, _), sent = cost(backend.join_queue, "locks/q", {}, lease)
+    assert sent == {"/v3/kv/txn": 1}  # create and read in one transaction
     snapshot, sent = cost(backend.read_queue, "locks/q")
     assert sent == {"/v3/kv/range": 1}
     _, sent = cost(backend.keep_alive, lease, [entry], 5)
     assert sent == {"/v3/lease/keepalive": 1, "/v3/kv/lease/timetolive": 1}
+    _, sent = cost(backend.list_queues, "locks")
+    assert sent == {"/v3/kv/range": 1, "/v3/kv/lease/timetolive": 1}  # and one per lease of its entries
     _, sent = cost(backend.wait_gone, entry, snapshot.revision, 0.2)
     assert sent == {"/v3/watch": 1, "/v3/kv/range": 1}  # the watch, then the key read once it exists
     _, sent = cost(backend.delete_entry, entry)
@@ -280,10 +284,14 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
     assert sent == {"/v3/kv/txn": 1}
     _, sent = cost(backend.get_record, "records/k/a")
     assert sent == {"/v3/kv/range": 1}
-    _, sent = cost(backend.put_record, "records/k/b", {"v": 1}, expect=None, ttl=30)
+    expiring, sent = cost(backend.put_record, "records/k/b", {"v": 1}, expect=None, ttl=30)
     assert sent == {"/v3/lease/grant": 1, "/v3/kv/txn": 1}
+    _, sent = cost(backend.get_record, "records/k/b")
+    assert sent == {"/v3/kv/range": 1, "/v3/kv/lease/timetolive": 1}  # and what its lease has left
     _, sent = cost(backend.delete_record, "records/k/a", record)
     assert sent == {"/v3/kv/txn": 1}
+    _, sent = cost(backend.delete_record, "records/k/b", expiring)
+    assert sent == {"/v3/kv/txn": 1, "/v3/kv/lease/revoke": 1}  # and the record's own lease goes
     _, sent = cost(backend.revoke, lease, [])
     assert sent == {"/v3/kv/lease/revoke": 1}
 
@@ -293,8 +301,8 @@ def test_requests_per_operation(backend: Etcd3Backend, requests_sent: Counter[st
 
 def test_wait_gone_on_delete(backend: Etcd3Backend) -> None:
     lease = backend.grant(30)
-    first = backend.create_entry("locks/q", {}, lease)
-    backend.create_entry("locks/q", {}, lease)
+    first = join(backend, "locks/q", {}, lease)
+    join(backend, "locks/q", {}, lease)
     snapshot = backend.read_queue("locks/q")
     waiter = wait_for(backend, first, snapshot.revision, timeout=60)
     backend.delete_entry(first)
@@ -303,14 +311,14 @@ def test_wait_gone_on_delete(backend: Etcd3Backend) -> None:
 
 
 def test_wait_gone_replays_a_delete_before_the_watch(backend: Etcd3Backend) -> None:
-    entry = backend.create_entry("locks/q", {}, backend.grant(30))
+    entry = join(backend, "locks/q", {}, backend.grant(30))
     snapshot = backend.read_queue("locks/q")
     backend.delete_entry(entry)
     assert backend.wait_gone(entry, snapshot.revision, timeout=30) is WaitResult.GONE
 
 
 def test_wait_gone_on_lease_expiry(backend: Etcd3Backend) -> None:
-    entry = backend.create_entry("locks/q", {}, backend.grant(1))
+    entry = join(backend, "locks/q", {}, backend.grant(1))
     snapshot = backend.read_queue("locks/q")
     assert backend.wait_gone(entry, snapshot.revision, timeout=60) is WaitResult.GONE
     assert backend.read_queue("locks/q").entries == []
@@ -318,8 +326,8 @@ def test_wait_gone_on_lease_expiry(backend: Etcd3Backend) -> None:
 
 def test_wait_gone_times_out_when_nothing_happens(backend: Etcd3Backend) -> None:
     lease = backend.grant(30)
-    entry = backend.create_entry("locks/q", {}, lease)
-    other = backend.create_entry("locks/q", {}, lease)  # events on other keys do not wake it
+    entry = join(backend, "locks/q", {}, lease)
+    other = join(backend, "locks/q", {}, lease)  # events on other keys do not wake it
     snapshot = backend.read_queue("locks/q")
     backend.delete_entry(other)
     started = time.monotonic()
@@ -331,7 +339,7 @@ def test_wait_gone_times_out_when_nothing_happens(backend: Etcd3Backend) -> None
 def test_wait_gone_does_not_depend_on_a_compacted_revision(backend: Etcd3Backend, server: EtcdServer) -> None:
     """wait_gone watches from now and then reads the key, so an old, compacted revision does not matter."""
     lease = backend.grant(30)
-    entry = backend.create_entry("locks/q", {}, lease)
+    entry = join(backend, "locks/q", {}, lease)
     before = backend.read_queue("locks/q").revision
     backend.put_record("records/k/x", {"n": 1}, expect=None)
     backend.put_record("records/k/y", {"n": 1}, expect=None)
@@ -367,17 +375,32 @@ def test_record_compare_and_swap(backend: Etcd3Backend) -> None:
 
 def test_fenced_record_write_fails_once_the_fence_is_gone(backend: Etcd3Backend) -> None:
     lease = backend.grant(30)
-    leader = backend.create_entry("elections/beat", {"holder": "a"}, lease)
+    leader = join(backend, "elections/beat", {"holder": "a"}, lease)
     record = backend.put_record("records/beat/s", {"n": 1}, expect=None, fence=leader)
     assert record is not None
     record = backend.put_record("records/beat/s", {"n": 2}, expect=record, fence=leader)
     assert record is not None
 
-    successor = backend.create_entry("elections/beat", {"holder": "b"}, lease)
+    successor = join(backend, "elections/beat", {"holder": "b"}, lease)
     backend.delete_entry(leader)  # deposed
     assert backend.put_record("records/beat/s", {"n": 3}, expect=record, fence=leader) is None
     assert backend.get_record("records/beat/s") == record
     assert backend.put_record("records/beat/s", {"n": 3}, expect=record, fence=successor) is not None
+
+
+def test_records_with_a_ttl_leave_no_lease_behind(backend: Etcd3Backend, server: EtcdServer) -> None:
+    """Each record with a ttl has a lease of its own: deleting or replacing the record revokes it."""
+    before = server_leases(server)
+    for i in range(20):
+        record = backend.put_record(f"records/markers/m{i}", {"task": i}, expect=None, ttl=60)
+        assert record is not None
+        assert backend.delete_record(f"records/markers/m{i}", expect=record)  # a dedupe marker's life
+        record = backend.put_record(f"records/markers/n{i}", {"task": i}, expect=None, ttl=60)
+        assert backend.put_record(f"records/markers/n{i}", {"task": i}, expect=None, ttl=60) is None  # taken
+        replaced = backend.put_record(f"records/markers/n{i}", {"task": -i}, expect=record, ttl=60)
+        assert replaced is not None
+        assert backend.delete_record(f"records/markers/n{i}")  # unguarded
+    assert server_leases(server) == before
 
 
 def test_record_with_ttl_expires(backend: Etcd3Backend) -> None:
@@ -386,126 +409,6 @@ def test_record_with_ttl_expires(backend: Etcd3Backend) -> None:
     found = backend.get_record("records/markers/m")
     assert found is not None and found.ttl is not None and 0 <= found.ttl <= 2  # etcd may raise a tiny TTL
     wait_until(lambda: backend.get_record("records/markers/m") is None, 60, "the record to expire")
-
-
-# -- auth ---------------------------------------------------------------------------------------
-
-
-def test_auth_with_a_token(auth_server: EtcdServer, prefix: str, requests_sent: Counter[str]) -> None:
-    b = make(auth_server.url(prefix=prefix))
-    lease = b.grant(10)
-    entry = b.create_entry("locks/q", {}, lease)
-    assert b.read_queue("locks/q").entries == [entry]
-    assert requests_sent["/v3/auth/authenticate"] == 1  # once, not per request
-
-
-def test_a_rejected_token_is_renewed(auth_server: EtcdServer, prefix: str, requests_sent: Counter[str]) -> None:
-    b = make(auth_server.url(prefix=prefix))
-    entry = b.create_entry("locks/q", {}, b.grant(30))
-    snapshot = b.read_queue("locks/q")
-    b._token = "expired.1"  # what a token is once its TTL passed or etcd restarted
-    assert b.read_queue("locks/q").entries == [entry]
-    b._token = "expired.2"
-    assert b.wait_gone(entry, snapshot.revision, timeout=0.2) is WaitResult.TIMEOUT
-    assert requests_sent["/v3/auth/authenticate"] == 3
-
-
-def test_bad_credentials(auth_server: EtcdServer, prefix: str) -> None:
-    b = make(auth_server.url(prefix=prefix, password="wrong"), retry_max_delay=5)
-    with pytest.raises(AuthenticationFailed, match=f"{APP_USER!r}.*(invalid user ID or password)"):
-        b.read_queue("locks/q")
-
-
-def test_no_credentials_where_auth_is_on(auth_server: EtcdServer, prefix: str) -> None:
-    b = make(f"etcd3://{auth_server.endpoint}?prefix={prefix}", retry_max_delay=5)
-    with pytest.raises(AuthenticationFailed, match="requires authentication.*user:password@"):
-        b.read_queue("locks/q")
-
-
-def test_credentials_where_auth_is_off_are_ignored(server: EtcdServer, prefix: str) -> None:
-    b = make(server.url(prefix=prefix, user="someone", password="pw"))
-    assert b.read_queue("locks/q").entries == []
-
-
-# -- servers that are not a v3 etcd, and endpoints that are down ----------------------------------
-
-
-def test_redis_port_is_not_an_etcd(redis_server: RedisServer) -> None:
-    b = make(f"etcd3://{redis_server.endpoint}", retry_max_delay=5)
-    with pytest.raises(UnsupportedServer, match=f"{redis_server.endpoint} is not an etcd server.*HTTP"):
-        b.read_queue("locks/q")
-
-
-class _NotEtcd(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        self.send_error(404)
-
-    do_POST = do_GET  # noqa: N815
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def test_plain_http_server_is_not_an_etcd() -> None:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotEtcd)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        b = make(f"etcd3://127.0.0.1:{httpd.server_address[1]}", retry_max_delay=5)
-        with pytest.raises(UnsupportedServer, match="is not an etcd server.*404"):
-            b.grant(5)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def test_etcd_without_the_json_gateway() -> None:
-    with _Etcd("3.5", enable_v2=False, extra=("--enable-grpc-gateway=false",)) as etcd:
-        b = make(etcd.url(), retry_max_delay=5)
-        with pytest.raises(UnsupportedServer, match="etcd 3.5.* does not serve the v3 JSON gateway"):
-            b.read_queue("locks/q")
-
-
-def test_unreachable_endpoint_is_backend_unavailable() -> None:
-    port = free_port()
-    b = make(f"etcd3://127.0.0.1:{port}", retry_max_delay=0.3)
-    with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
-        b.read_queue("locks/q")
-    assert caught.value.endpoints == (f"http://127.0.0.1:{port}",)
-
-
-def test_fail_over_to_the_next_endpoint(server: EtcdServer, prefix: str) -> None:
-    dead = free_port()
-    b = make(f"etcd3://127.0.0.1:{dead},{server.endpoint}?prefix={prefix}", retry_max_delay=10)
-    lease = b.grant(10)
-    entry = b.create_entry("locks/q", {}, lease)
-    assert b.read_queue("locks/q").entries == [entry]
-    assert b._current == 1
-
-
-# -- TLS ----------------------------------------------------------------------------------------
-
-
-def test_tls(etcd_server_factory: Callable[..., EtcdServer]) -> None:
-    etcd = etcd_server_factory("3.5", enable_v2=False, tls=True)
-    b = make(etcd.url(prefix="/tls"), retry_max_delay=5)  # with ?ca=&cert=&key=
-    entry = b.create_entry("locks/q", {}, b.grant(10))
-    assert b.read_queue("locks/q").entries == [entry]
-    assert b.wait_gone(entry, b.read_queue("locks/q").revision, timeout=0.2) is WaitResult.TIMEOUT
-
-    plain = make(f"etcd3://{etcd.endpoint}", retry_max_delay=5)
-    with pytest.raises(UnsupportedServer, match="speaks TLS only.*etcd3s://"):
-        plain.read_queue("locks/q")
-
-    unverified = make(f"etcd3s://{etcd.endpoint}", retry_max_delay=5)
-    with pytest.raises(BackendError, match="could not be verified.*ca="):
-        unverified.read_queue("locks/q")
-
-
-def test_tls_scheme_against_a_plain_server(server: EtcdServer) -> None:
-    b = make(f"etcd3s://{server.endpoint}", retry_max_delay=5)
-    with pytest.raises(UnsupportedServer, match="does not speak TLS.*etcd3://"):
-        b.read_queue("locks/q")
 
 
 # -- fork ---------------------------------------------------------------------------------------
@@ -517,7 +420,7 @@ def _child_reads(backend: Etcd3Backend, queue: str, conn: Any) -> None:
 
 
 def test_after_fork_the_child_uses_connections_of_its_own(backend: Etcd3Backend) -> None:
-    entry = backend.create_entry("locks/q", {}, backend.grant(30))
+    entry = join(backend, "locks/q", {}, backend.grant(30))
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_child_reads, args=(backend, "locks/q", child))
@@ -527,131 +430,3 @@ def test_after_fork_the_child_uses_connections_of_its_own(backend: Etcd3Backend)
     proc.join(30)
     assert proc.exitcode == 0
     assert backend.read_queue("locks/q").entries == [entry]  # the parent's connections still work
-
-
-# -- a server that stops answering or dies during a watch -----------------------------------------
-
-
-def ranges_served(server: EtcdServer) -> int:
-    return sum(
-        int(float(line.split()[-1]))
-        for line in server.metrics().splitlines()
-        if line.startswith("grpc_server_handled_total{") and 'grpc_method="Range"' in line
-    )
-
-
-def watch_streams(server: EtcdServer) -> int:
-    for line in server.metrics().splitlines():
-        if line.startswith("etcd_debugging_mvcc_watch_stream_total "):
-            return int(float(line.split()[1]))
-    raise AssertionError("etcd_debugging_mvcc_watch_stream_total not in /metrics")
-
-
-@pytest.mark.parametrize("api", ["v3"])
-def test_a_watch_on_a_frozen_server_ends_at_its_deadline(own_etcd: EtcdServer) -> None:
-    b = make(own_etcd.url(prefix="/frozen"), retry_max_delay=2, timeout=2)
-    entry = b.create_entry("locks/q", {}, b.grant(30))
-    snapshot = b.read_queue("locks/q")
-    reads = ranges_served(own_etcd)
-    waiter = wait_for(b, entry, snapshot.revision, timeout=3)
-    # paused only once the watch is up and the key was read after it: from then on only the watch waits
-    wait_until(lambda: watch_streams(own_etcd) >= 1 and ranges_served(own_etcd) > reads, 30, "the watch and its read")
-    own_etcd.pause()
-    try:
-        waiter.join(30)
-        assert not waiter.is_alive(), "wait_gone hung past its deadline"
-        assert waiter.results == [WaitResult.TIMEOUT]  # type: ignore[attr-defined]
-    finally:
-        own_etcd.resume()
-
-
-@pytest.mark.parametrize("api", ["v3"])
-def test_a_watch_whose_server_dies_is_backend_unavailable(own_etcd: EtcdServer) -> None:
-    b = make(own_etcd.url(prefix="/dies"), retry_max_delay=1)
-    entry = b.create_entry("locks/q", {}, b.grant(30))
-    snapshot = b.read_queue("locks/q")
-    errors: list[Exception] = []
-
-    def wait() -> None:
-        try:
-            b.wait_gone(entry, snapshot.revision, timeout=120)
-        except Exception as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    wait_until(lambda: watch_streams(own_etcd) >= 1, 30, "the watch to be established")
-    own_etcd.kill()
-    thread.join(60)
-    assert not thread.is_alive(), "wait_gone hung after etcd died"
-    assert len(errors) == 1 and isinstance(errors[0], BackendUnavailable), errors
-    assert own_etcd.endpoint in str(errors[0])
-
-
-def test_tokens_lost_in_a_restart_are_renewed(
-    auth_server: EtcdServer, prefix: str, requests_sent: Counter[str]
-) -> None:
-    b = make(auth_server.url(prefix=prefix), retry_max_delay=30)
-    entry = b.create_entry("locks/q", {}, b.grant(60))
-    auth_server.restart()  # simple tokens live in memory only
-    assert b.read_queue("locks/q").entries == [entry]
-    assert requests_sent["/v3/auth/authenticate"] == 2
-
-
-# -- how the gateway's gRPC errors are classified (the messages etcd 3.5 sends) ---------------------
-
-
-@pytest.mark.parametrize(
-    ("code", "message", "kind"),
-    [
-        (14, "etcdserver: leader changed", retry.Transient),
-        (14, "etcdserver: no leader", retry.Transient),
-        (14, "etcdserver: request timed out", retry.Transient),
-        (8, "etcdserver: too many requests", retry.Transient),
-        (4, "context deadline exceeded", retry.Transient),
-        (2, "etcdserver: leader changed", retry.Transient),  # by message, whatever the code
-        (7, "etcdserver: permission denied", AuthenticationFailed),
-        (3, "etcdserver: authentication failed, invalid user ID or password", AuthenticationFailed),
-        (3, "etcdserver: user name is empty", AuthenticationFailed),
-        (5, "etcdserver: requested lease not found", Exception),  # an answer, not retried
-        (3, "etcdserver: duplicate key given in txn request", Exception),
-    ],
-)
-def test_grpc_errors_are_classified(code: int, message: str, kind: type[Exception]) -> None:
-    b = make("etcd3://127.0.0.1:1,127.0.0.1:2")
-    error = b._grpc_error(0, code, message)
-    assert isinstance(error, kind)
-    if kind is Exception:
-        assert not isinstance(error, (retry.Transient, BackendError))  # becomes BackendError, never retried
-    assert message in str(error)
-
-
-class _Unavailable(_NotEtcd):
-    def do_GET(self) -> None:  # noqa: N802
-        self.send_error(503)
-
-    do_POST = do_GET  # noqa: N815
-
-
-def test_http_5xx_is_retried_then_backend_unavailable() -> None:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        b = make(f"etcd3://127.0.0.1:{httpd.server_address[1]}", retry_max_delay=0.3)
-        with pytest.raises(BackendUnavailable, match="HTTP 503"):
-            b.read_queue("locks/q")
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def test_tls_with_client_certificates_and_password_auth(etcd_server_factory: Callable[..., EtcdServer]) -> None:
-    etcd = etcd_server_factory("3.5", enable_v2=False, tls=True, client_cert_auth=True, auth=True)
-    b = make(etcd.url(prefix="/mtls"), retry_max_delay=5)  # etcd3s://app:app-secret@...?ca=&cert=&key=
-    entry = b.create_entry("locks/q", {}, b.grant(10))
-    assert b.read_queue("locks/q").entries == [entry]
-    assert b.keep_alive(b.grant(10), [], timeout=5) == set()
-
-    no_cert = make(f"etcd3s://app:app-secret@{etcd.endpoint}?ca={etcd.ca_file}", retry_max_delay=0.5)
-    with pytest.raises(BackendError, match="refused the TLS connection.*client certificate.*cert="):
-        no_cert.read_queue("locks/q")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ..errors import UnsupportedServer
 from ..options import ConnectionOptions
 
 
@@ -134,6 +135,25 @@ def decode_json(text: str | bytes | None) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def peer_port_error(endpoint: str, status: int, members: bytes) -> UnsupportedServer | None:
+    """The error for an endpoint that is an etcd member's peer port, judged by its answer to ``GET /members``.
+
+    A peer port answers every client request with a 404 but serves ``/members`` (a JSON
+    list with each member's ``peerURLs`` and ``clientURLs``), which no client port does.
+    """
+    if status != 200:
+        return None
+    try:
+        found = json.loads(members)
+    except ValueError:
+        return None
+    if not isinstance(found, list) or not all(isinstance(m, dict) and "peerURLs" in m for m in found):
+        return None
+    client_urls = [str(url) for m in found for url in m.get("clientURLs") or ()]
+    hint = f" (the members' client URLs: {', '.join(client_urls)})" if client_urls else ""
+    return UnsupportedServer(f"{endpoint} is etcd's peer port; use the client port, usually 2379{hint}")
 
 
 class Backend(abc.ABC):

@@ -39,7 +39,18 @@ from urllib3.exceptions import HTTPError, ReadTimeoutError
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
-from .base import Backend, Entry, Lease, Record, Snapshot, WaitResult, decode_json, encode_json, server_ttl
+from .base import (
+    Backend,
+    Entry,
+    Lease,
+    Record,
+    Snapshot,
+    WaitResult,
+    decode_json,
+    encode_json,
+    peer_port_error,
+    server_ttl,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,6 +59,11 @@ _GONE_ACTIONS = frozenset({"delete", "expire", "compareAndDelete"})
 _NOT_FOUND, _COMPARE_FAILED, _NOT_A_FILE, _ALREADY_EXISTS, _DIR_NOT_EMPTY = 100, 101, 102, 105, 108
 _TRANSIENT_CODES = frozenset({300, 301})  # raft internal error, leader election in progress
 _INDEX_CLEARED, _WATCHER_CLEARED = 401, 400
+_INVALID_FORM = 210  # "Invalid POST form": what a form over net/http's 10 MB gets ("http: POST too large")
+# etcd's plain-HTTP client port sorts HTTP/1 from gRPC by reading the request line (cmux) within 4096 bytes: a longer
+# one (a long key: v2 puts it in the URL) gets its connection reset, no answer. (Behind TLS the limit is net/http's
+# 1 MB of headers: HTTP 431.)
+_MAX_REQUEST_LINE = 4096
 
 
 class _SilencePythonEtcd(logging.Filter):
@@ -69,6 +85,11 @@ class _Failure(Exception):
 
 class _WatchTimedOut(Exception):
     pass
+
+
+def _too_large(endpoint: str, why: str) -> BackendError:
+    """A request etcd refuses for its size: the same next time, so an answer, never retried."""
+    return BackendError(f"etcd at {endpoint} refuses a request this large ({why}): use shorter lock names and keys")
 
 
 class V2Lease(Lease):
@@ -164,6 +185,8 @@ class Etcd2Backend(Backend):
                 body, headers = urlencode(params), self._form_headers
         elif params:
             url = f"{url}?{urlencode(params)}"
+        if not self.options.tls and len(method) + len(url.encode()) + len(" HTTP/1.1\r\n") + 1 > _MAX_REQUEST_LINE:
+            raise _too_large(endpoint, f"its URL is {len(url)} characters long, over the 4 KB etcd reads")
         try:
             response = pool.urlopen(
                 method,
@@ -215,8 +238,15 @@ class Etcd2Backend(Backend):
 
     def _classify(self, endpoint: str, payload: dict[str, Any], message: str) -> Exception:
         code, status = payload.get("errorCode"), payload.get("status")
+        cause = str(payload.get("cause", ""))
+        # net/http's 413 and 431 are plain text (no status in the payload then); a form over 10 MB is code 209
+        if status in (413, 431) or " Too Large" in cause or (code == _INVALID_FORM and "too large" in message):
+            return _too_large(endpoint, f"{payload.get('message')}: {cause[:80]}")
         # etcd without v2 answers "404 page not found" as plain text, which python-etcd cannot decode
-        if code is None and (status == 404 or "404 page not found" in str(payload.get("cause", ""))):
+        if code is None and (status == 404 or "404 page not found" in cause):
+            peer_port = self._peer_port_error(endpoint)
+            if peer_port is not None:
+                return peer_port
             return UnsupportedServer(
                 f"etcd at {endpoint} does not serve the v2 keys API (etcd 3.4 and 3.5 need --enable-v2, "
                 "3.6 has none): use an etcd3:// URL instead"
@@ -227,6 +257,16 @@ class Etcd2Backend(Backend):
         if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
             return retry.Transient(endpoint, payload.get("message", message))
         return _Failure(code, payload, f"{endpoint}: {message}")
+
+    def _peer_port_error(self, endpoint: str) -> UnsupportedServer | None:
+        """An UnsupportedServer if ``endpoint`` is an etcd member's peer port (which answers 404 to /v2/keys)."""
+        with self._local:
+            pool = self._pool(self.endpoints.index(endpoint))
+        try:
+            response = pool.urlopen("GET", "/members", retries=False, redirect=False, preload_content=False)
+            return peer_port_error(endpoint, response.status, response.data)
+        except (HTTPError, HTTPException, OSError):
+            return None
 
     def _rotate(self, failed: int) -> None:
         with self._local:

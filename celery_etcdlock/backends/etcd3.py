@@ -17,9 +17,11 @@ revision and, when fenced, the fence entry's create revision.
 
 What each operation costs, in requests:
 
-- ``grant``, ``revoke``, ``read_queue``, ``list_queues``, ``delete_record``: 1.
-- ``create_entry``: 1 transaction (put if absent); ``join_queue``: the same
-  transaction, which also reads the queue.
+- ``grant``, ``revoke``, ``read_queue``: 1.
+- ``join_queue``: 1 transaction, which creates the entry (put if absent) and
+  reads the queue.
+- ``list_queues``: 1 range, plus 1 per distinct lease of the entries found
+  (its time to live: what each entry has left).
 - ``delete_entry``: 1 transaction (delete if the create revision is ours).
 - ``wait_gone``: 1 streaming watch until the event or the timeout, and 1
   range once the watch exists.
@@ -29,7 +31,10 @@ What each operation costs, in requests:
   1 when no entries ride on the lease, or the lease is gone.
 - ``put_record``: 1 transaction; with a ``ttl``, 1 more before it (a lease of
   the record's own, so that it outlives its writer), and 1 after it to
-  revoke that lease if the compare failed.
+  revoke that lease if the compare failed, or the lease of a record with a
+  ``ttl`` that it replaced.
+- ``delete_record``: 1; and 1 more for a record with a ``ttl``, to revoke
+  its lease (or leases would pile up until they expire).
 - ``get_record``: 1 range, plus 1 per record that expires
   (its lease's time to live).
 
@@ -103,11 +108,18 @@ def _modified_at(key: str, revision: int) -> dict[str, Any]:
     return {"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
 
 
-def _put(key: str, raw: str, lease: V3Lease | None = None) -> dict[str, Any]:
-    put = {"key": key, "value": b64(raw)}
+def _put(key: str, raw: str, lease: V3Lease | None = None, prev_kv: bool = False) -> dict[str, Any]:
+    put: dict[str, Any] = {"key": key, "value": b64(raw)}
     if lease is not None:
         put["lease"] = str(lease.lease_id)
+    if prev_kv:
+        put["prev_kv"] = True
     return {"request_put": put}
+
+
+def _leases_of(kvs: Any) -> list[str]:
+    """The leases (ids as the gateway writes them) that the key-values ``kvs`` were attached to."""
+    return [kv["lease"] for kv in kvs if kv and kv.get("lease") and kv["lease"] != "0"]
 
 
 class Etcd3Backend(Backend):
@@ -115,7 +127,7 @@ class Etcd3Backend(Backend):
         self.options = options
         self.prefix = options.prefix
         self.endpoints = options.endpoint_urls
-        self._gateway = Gateway(options)
+        self.gateway = Gateway(options)  # the HTTP transport (tests reach it here too)
 
     # -- keys and requests --------------------------------------------------
 
@@ -134,14 +146,14 @@ class Etcd3Backend(Backend):
     def _txn(
         self, compare: list[dict[str, Any]], success: list[dict[str, Any]], failure: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
-        return self._gateway.post("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+        return self.gateway.post("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
 
     def _range(self, key: str, prefix: bool = False) -> dict[str, Any]:
-        return self._gateway.post("kv/range", _range_request(key, prefix))
+        return self.gateway.post("kv/range", _range_request(key, prefix))
 
-    def _entry(self, kv: dict[str, Any]) -> Entry:
+    def _entry(self, kv: dict[str, Any], ttl: float | None = None) -> Entry:
         raw = unb64(kv.get("value", ""))
-        return Entry(self._relative(unb64(kv["key"])), int(kv["create_revision"]), raw)
+        return Entry(self._relative(unb64(kv["key"])), int(kv["create_revision"]), raw, ttl)
 
     # -- leases -------------------------------------------------------------
 
@@ -149,7 +161,7 @@ class Etcd3Backend(Backend):
         wanted = server_ttl(ttl)
 
         def grant() -> Lease:
-            answer = self._gateway.post("lease/grant", {"TTL": wanted})
+            answer = self.gateway.post("lease/grant", {"TTL": wanted})
             return V3Lease(int(answer["ID"]), ttl, int(answer.get("TTL", wanted)))
 
         return self._retrying(f"grant a {wanted}s lease", grant)
@@ -159,7 +171,7 @@ class Etcd3Backend(Backend):
         lease = self._own(lease)
         deadline = time.monotonic() + max(0.05, timeout)
         try:
-            answer = self._gateway.post("lease/keepalive", {"ID": str(lease.lease_id)}, timeout=max(0.05, timeout))
+            answer = self.gateway.post("lease/keepalive", {"ID": str(lease.lease_id)}, timeout=max(0.05, timeout))
         except Failure as exc:
             raise BackendError(f"etcd keep-alive of lease {lease.id} failed: {exc}") from None
         if int(answer.get("result", {}).get("TTL", 0)) <= 0:
@@ -168,7 +180,7 @@ class Etcd3Backend(Backend):
         if not entries:
             return set()
         try:
-            answer = self._gateway.post(
+            answer = self.gateway.post(
                 "kv/lease/timetolive",
                 {"ID": str(lease.lease_id), "keys": True},
                 timeout=max(0.05, deadline - time.monotonic()),
@@ -194,18 +206,19 @@ class Etcd3Backend(Backend):
         lease = self._own(lease)
         lease.expired = True
         try:
-            self._gateway.post("kv/lease/revoke", {"ID": str(lease.lease_id)})
+            self.gateway.post("kv/lease/revoke", {"ID": str(lease.lease_id)})
         except Failure as exc:
             if exc.code != NOT_FOUND:
                 raise BackendError(f"etcd revoke of lease {lease.id} failed: {exc}") from None
         except retry.Transient as exc:
             raise BackendError(f"etcd revoke of lease {lease.id} failed: {exc}") from None
 
-    def _forget_lease(self, lease: V3Lease) -> None:
+    def _forget_lease(self, lease_id: int) -> None:
+        """Revoke a lease nothing needs any more, once: if that fails, it expires by itself."""
         try:
-            self._gateway.post("kv/lease/revoke", {"ID": str(lease.lease_id)})
+            self.gateway.post("kv/lease/revoke", {"ID": str(lease_id)})
         except (retry.Transient, BackendError, Failure) as exc:
-            logger.debug("could not revoke unused lease %s (%s); it expires by itself", lease.id, exc)
+            logger.debug("could not revoke unused lease %x (%s); it expires by itself", lease_id, exc)
 
     @staticmethod
     def _own(lease: Lease) -> V3Lease:
@@ -240,25 +253,6 @@ class Etcd3Backend(Backend):
     @staticmethod
     def _new_key(queue: str, lease: V3Lease) -> str:
         return f"{queue}/{lease.id}.{secrets.token_hex(8)}"  # the nonce: no two acquisitions share a key
-
-    def create_entry(self, queue: str, value: dict[str, Any], lease: Lease) -> Entry:
-        lease = self._live(lease)
-        key, raw = self._new_key(queue, lease), encode_json(value)
-        full = b64(self._full(key))
-
-        def create() -> Entry:
-            answer = self._txn_with(
-                lease, [_created_at(full, 0)], [_put(full, raw, lease)], [{"request_range": {"key": full}}]
-            )
-            if answer.get("succeeded"):
-                return Entry(key, int(answer["header"]["revision"]), raw)
-            # a retry whose first attempt was applied: the unique key is there with our value
-            kvs = answer["responses"][0]["response_range"].get("kvs", [])
-            if kvs and unb64(kvs[0].get("value", "")) == raw and int(kvs[0].get("lease", 0)) == lease.lease_id:
-                return self._entry(kvs[0])
-            raise Failure(None, f"{key} already exists with another value")
-
-        return self._retrying(f"create entry in {queue}", create)
 
     def join_queue(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry, Snapshot]:
         """One transaction: create my key and read the whole queue, which already includes it."""
@@ -317,14 +311,16 @@ class Etcd3Backend(Backend):
         # before the watch shows as an absent key, one after it as an event. Nothing is missed, and
         # after_revision is not needed (nor can it be compacted away).
         deadline = time.monotonic() + timeout
-        watch = self._gateway.watch({"key": b64(self._full(entry.key)), "filters": ["NOPUT"]}, deadline, entry.key)
+        watch = self.gateway.watch({"key": b64(self._full(entry.key)), "filters": ["NOPUT"]}, deadline, entry.key)
 
-        def wait() -> WaitResult:
+        def wait() -> WaitResult | None:
             if time.monotonic() >= deadline:
                 return WaitResult.TIMEOUT
+            established = False
             try:
                 with closing(watch.results()) as results:
                     for result in results:
+                        established = True
                         if result.get("created") and not self._exists(entry):
                             return WaitResult.GONE
                         if any(event.get("type") == "DELETE" for event in result.get("events", ())):
@@ -332,9 +328,18 @@ class Etcd3Backend(Backend):
             except WatchCancelled as exc:
                 logger.debug("watch of %s ended (%s): reading again", entry.key, exc)
                 return WaitResult.STALE
+            except retry.Transient as exc:
+                if not established:
+                    raise
+                logger.debug("watch of %s was cut (%s): watching again", entry.key, exc)
+                return None
             return WaitResult.TIMEOUT
 
-        return self._retrying(f"watch {entry.key}", wait)
+        # The retry budget counts from a call's start: a watch that worked for longer than the budget and
+        # then lost its connection starts a new one, or a long wait would give up at its first failure.
+        while (result := self._retrying(f"watch {entry.key}", wait)) is None:
+            pass
+        return result
 
     def _exists(self, entry: Entry) -> bool:
         """Whether ``entry`` (this very key, not a namesake created later) still exists."""
@@ -351,26 +356,33 @@ class Etcd3Backend(Backend):
         return self._retrying(f"delete {entry.key}", delete)
 
     def list_queues(self, namespace: str) -> dict[str, list[Entry]]:
+        """Each queue under ``namespace``, its entries with the seconds their lease has left (one request a lease)."""
+
         def read() -> dict[str, list[Entry]]:
             answer = self._range(self._full(namespace) + "/", prefix=True)
-            queues: dict[str, list[Entry]] = {}
+            queued: list[tuple[str, dict[str, Any]]] = []
             for kv in answer.get("kvs", []):  # sorted by create revision, so each queue is too
-                entry = self._entry(kv)
-                rest = entry.key[len(namespace) + 1 :].split("/")
+                rest = self._relative(unb64(kv["key"]))[len(namespace) + 1 :].split("/")
                 if len(rest) == 2:
-                    queues.setdefault(f"{namespace}/{rest[0]}", []).append(entry)
+                    queued.append((f"{namespace}/{rest[0]}", kv))
+            ttls = {lease_id: self._ttl_left(lease_id) for lease_id in set(_leases_of(kv for _, kv in queued))}
+            queues: dict[str, list[Entry]] = {}
+            for queue, kv in queued:
+                queues.setdefault(queue, []).append(self._entry(kv, ttls.get(kv.get("lease", "0"))))
             return queues
 
         return self._retrying(f"list {namespace}", read)
 
+    def _ttl_left(self, lease_id: str) -> float:
+        """The seconds lease ``lease_id`` has left (0 once it expired)."""
+        left = int(self.gateway.post("kv/lease/timetolive", {"ID": lease_id}).get("TTL", -1))
+        return float(max(0, left))
+
     # -- records ------------------------------------------------------------
 
     def _record(self, kv: dict[str, Any]) -> Record:
-        ttl: float | None = None
-        lease_id = int(kv.get("lease", 0))
-        if lease_id:  # one more request, for records that expire
-            left = int(self._gateway.post("kv/lease/timetolive", {"ID": str(lease_id)}).get("TTL", -1))
-            ttl = float(max(0, left))
+        lease_id = kv.get("lease")
+        ttl = self._ttl_left(lease_id) if lease_id else None  # one more request, for records that expire
         return Record(
             self._relative(unb64(kv["key"])), decode_json(unb64(kv.get("value", ""))), int(kv["mod_revision"]), ttl
         )
@@ -400,12 +412,14 @@ class Etcd3Backend(Backend):
         if ttl is not None:
             lease = self._own(self.grant(ttl))  # a lease of its own: the record outlives its writer
         attempts = 0
+        replaced: list[str] = []  # the lease of the record written over
 
         def write() -> Record | None:
             nonlocal attempts
             attempts += 1
-            answer = self._txn(compare, [_put(full, raw, lease)], [{"request_range": {"key": full}}])
+            answer = self._txn(compare, [_put(full, raw, lease, prev_kv=True)], [{"request_range": {"key": full}}])
             if answer.get("succeeded"):
+                replaced.extend(_leases_of([answer["responses"][0]["response_put"].get("prev_kv")]))
                 return Record(key, value, int(answer["header"]["revision"]), ttl)
             kvs = answer["responses"][0]["response_range"].get("kvs", [])
             if (
@@ -419,41 +433,38 @@ class Etcd3Backend(Backend):
 
         record = self._retrying(f"write {key}", write)
         if record is None and lease is not None:
-            self._forget_lease(lease)
+            self._forget_lease(lease.lease_id)
+        for lease_id in replaced:
+            if lease is None or int(lease_id) != lease.lease_id:
+                self._forget_lease(int(lease_id))  # it carried only the old record
         return record
 
     def delete_record(self, key: str, expect: Record | None = None) -> bool:
+        """Delete ``key`` (guarded by ``expect``), then revoke the record's own lease if it had one."""
         full = b64(self._full(key))
+        delete_request = {"key": full, "prev_kv": True}
+        leases: list[str] = []
 
         def delete() -> bool:
             if expect is None:
-                return int(self._gateway.post("kv/deleterange", {"key": full}).get("deleted", 0)) > 0
-            answer = self._txn([_modified_at(full, expect.version)], [{"request_delete_range": {"key": full}}])
-            return bool(answer.get("succeeded"))
+                answer = self.gateway.post("kv/deleterange", delete_request)
+            else:
+                answer = self._txn([_modified_at(full, expect.version)], [{"request_delete_range": delete_request}])
+                if not answer.get("succeeded"):
+                    return False
+                answer = answer["responses"][0]["response_delete_range"]
+            leases[:] = _leases_of(answer.get("prev_kvs", ()))
+            return int(answer.get("deleted", 0)) > 0
 
-        return self._retrying(f"delete {key}", delete)
+        deleted = self._retrying(f"delete {key}", delete)
+        for lease_id in leases:  # put_record's lease of its own, which nothing else rides on
+            self._forget_lease(int(lease_id))
+        return deleted
 
     # -- process life -------------------------------------------------------
 
     def after_fork(self) -> None:
-        self._gateway.after_fork()
+        self.gateway.after_fork()
 
     def close(self) -> None:
-        self._gateway.close()
-
-    # -- what tests/test_etcd3_backend.py reaches into (the gateway's, since the split) ----------
-
-    @property
-    def _token(self) -> str | None:
-        return self._gateway._token
-
-    @_token.setter
-    def _token(self, token: str | None) -> None:
-        self._gateway._token = token
-
-    @property
-    def _current(self) -> int:
-        return self._gateway.current
-
-    def _grpc_error(self, index: int, code: int, message: str) -> Exception:
-        return self._gateway.grpc_error(index, code, message)
+        self.gateway.close()

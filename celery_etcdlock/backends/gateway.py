@@ -8,20 +8,25 @@ The gateway takes each gRPC request as a JSON ``POST`` to ``<api path><method>``
     gateway = Gateway(parse_url("etcd3://127.0.0.1:2379"))       # no network I/O yet
     answer = gateway.post("kv/range", {"key": b64("/etcdlock/x")})
     with closing(gateway.watch({"key": b64("/etcdlock/x")}, deadline, "x").results()) as results:
-        for event in events: ...
+        for result in results: ...
 
 What it takes care of:
 
-- one ``requests`` session per endpoint, with the URL's TLS settings and
-  nothing from the environment (no proxies, netrc or CA bundle);
+- one urllib3 connection pool per endpoint, straight to it: no URL parsing,
+  pool lookup or environment lookup per request (no proxies, netrc or CA
+  bundle from the environment: the URL says where etcd is and whom to
+  trust; without ``?ca=`` the system's CAs). urllib3 never retries on its
+  own: the backend's retry policy decides, and can switch endpoints;
 - the API path: ``/v3/`` until a server answers otherwise, then
   ``GET /version`` decides (etcd 3.3 serves ``/v3beta/``, 3.0-3.2 ``/v3alpha/``);
 - auth: the gateway's token (``POST auth/authenticate``), sent with every
   request and fetched again when the server rejects it;
 - what an answer means: success, a plain answer (``Failure``: a missing
   lease, a bad request), ``retry.Transient`` (no leader, a timeout, a 5xx, a
-  refused connection), ``AuthenticationFailed``, or ``UnsupportedServer``
-  with what the server is instead (redis, plain HTTP, TLS on the wrong port);
+  refused connection), ``AuthenticationFailed``, a ``BackendError`` for a
+  request too large for etcd (never retried), or ``UnsupportedServer`` with
+  what the server is instead (redis, plain HTTP, TLS on the wrong port,
+  etcd's peer port);
 - fail-over: a connection failure or an unavailable member moves to the next
   endpoint; the backend's retry policy then sends again;
 - watches, read line by line from the streaming answer with a deadline on
@@ -30,8 +35,10 @@ What it takes care of:
 etcd3gw's client is not used: its helpers cannot carry an auth token or a
 per-request timeout, hide the gRPC error code, discover the API path with an
 extra request in the middle of an operation, and its watch hangs for ever on
-a cancelled or compacted watch; all that was left of it was a URL and a
-session.
+a cancelled or compacted watch. Nor is ``requests``: preparing, sending and
+wrapping a request through a session cost more client CPU than the rest of
+the work on it, and with many processes contending on few cores, client CPU
+decides throughput.
 
 Nothing here waits and retries: that is the backend's retry policy. Only a
 ``post`` whose token was rejected, or that found the API path, is sent again
@@ -51,12 +58,14 @@ import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
-import requests
-from requests.adapters import HTTPAdapter
+import urllib3
+from urllib3.exceptions import HTTPError
+from urllib3.util.retry import Retry
 
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
+from .base import peer_port_error
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +73,16 @@ logger = logging.getLogger(__name__)
 CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND = 1, 3, 4, 5
 PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 7, 8, 9
 ABORTED, UNAVAILABLE, UNAUTHENTICATED = 10, 14, 16
+# RESOURCE_EXHAUSTED is also what an oversized request gets ("received message larger than max"): see _too_large
 _TRANSIENT_CODES = frozenset({CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, UNAVAILABLE})
 _TRANSIENT_MESSAGES = ("leader changed", "no leader", "too many requests", "timed out", "not capable")
+_TOO_LARGE_MESSAGES = ("larger than max", "request is too large")
 
 _API_PATHS = ((3, 4, "/v3/"), (3, 3, "/v3beta/"), (3, 0, "/v3alpha/"))  # etcd version -> gateway path
+
+_NO_RETRIES = Retry(total=False, redirect=False)  # one instance: urllib3 would build one per request from False
+_JSON = {"Content-Type": "application/json"}
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: json.dumps with options builds one per call
 
 
 class Failure(Exception):
@@ -117,7 +132,7 @@ class Gateway:
         self.endpoints = options.endpoint_urls
         self.current = 0  # the endpoint requests go to
         self._local = threading.Lock()
-        self._sessions: list[requests.Session | None] = [None] * len(self.endpoints)
+        self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
         self._api_paths = ["/v3/"] * len(self.endpoints)
         self._answered = [False] * len(self.endpoints)  # has it ever answered like an etcd gateway?
         self._auth_lock = threading.Lock()
@@ -129,11 +144,11 @@ class Gateway:
     def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """One gateway request to the current endpoint, authenticated; the decoded answer."""
         for attempt in range(3):
-            index, session = self._pick()
+            index, pool = self._pick()
             token = None
             try:
-                token = self._auth_token(index)
-                return self._send(index, session, path, body, token, timeout)
+                token = self._auth_token(index, pool)
+                return self._send(index, pool, path, body, token, timeout)
             except _ApiPathChanged:
                 continue
             except _TokenRejected:
@@ -150,23 +165,56 @@ class Gateway:
     def _send(
         self,
         index: int,
-        session: requests.Session,
+        pool: urllib3.HTTPConnectionPool,
         path: str,
         body: dict[str, Any],
         token: str | None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        headers = {"Authorization": token} if token else None
         try:
-            response = session.post(
-                self._url(index, path), json=body, headers=headers, timeout=timeout or self.options.timeout
-            )
-        except requests.RequestException as exc:
+            response = self._open(index, pool, path, body, token, timeout or self.options.timeout)
+            data = response.data  # read here: an I/O error while reading is a failed request too
+        except (HTTPError, http.client.HTTPException, OSError) as exc:
             raise self._connection_failure(index, exc) from None
-        return self._decode(index, path, response)
+        if response.status == 200:
+            try:
+                answer = json.loads(data)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict):
+                self._answered[index] = True
+                return answer
+        raise self._error(index, path, response.status, data)
+
+    def _open(
+        self,
+        index: int,
+        pool: urllib3.HTTPConnectionPool,
+        path: str,
+        body: dict[str, Any],
+        token: str | None,
+        timeout: float,
+    ) -> urllib3.BaseHTTPResponse:
+        """Send the request; the response with its body not read yet."""
+        return pool.urlopen(
+            "POST",
+            self._api_paths[index] + path,
+            body=_encode(body).encode("utf-8"),
+            headers={"Content-Type": "application/json", "Authorization": token} if token else _JSON,
+            timeout=timeout,
+            retries=_NO_RETRIES,
+            redirect=False,
+            assert_same_host=False,
+            preload_content=False,
+        )
 
     def _stream(
-        self, index: int, session: requests.Session, body: dict[str, Any], deadline: float, token: str | None
+        self,
+        index: int,
+        pool: urllib3.HTTPConnectionPool,
+        body: dict[str, Any],
+        deadline: float,
+        token: str | None,
     ) -> Generator[dict[str, Any], None, None]:
         """``POST watch`` on one streaming request: each result until ``deadline``, then it ends.
 
@@ -175,18 +223,14 @@ class Gateway:
         read), so a watch the server cancels, compacts or forgets never hangs.
         """
         endpoint = self.endpoints[index]
-        headers = {"Authorization": token} if token else None
         try:
-            response = session.post(
-                self._url(index, "watch"), json=body, headers=headers, stream=True, timeout=self.options.timeout
-            )
-        except requests.RequestException as exc:
+            response = self._open(index, pool, "watch", body, token, self.options.timeout)
+        except (HTTPError, http.client.HTTPException, OSError) as exc:
             raise self._connection_failure(index, exc) from None
         try:
-            if response.status_code != 200:
-                self._decode(index, "watch", response)  # raises what the answer means
-                raise Failure(None, f"{endpoint}: watch answered HTTP {response.status_code}")
-            for message in _messages(response, _socket_of(response), deadline):
+            if response.status != 200:
+                raise self._error(index, "watch", response.status, response.data)
+            for message in _messages(response, deadline):
                 error = message.get("error")
                 if isinstance(error, dict):
                     code = int(error.get("grpc_code") or error.get("code") or 2)
@@ -203,39 +247,43 @@ class Gateway:
                 yield result
             if time.monotonic() < deadline:
                 raise retry.Transient(endpoint, "the watch stream ended")
-        except (requests.RequestException, OSError, ValueError) as exc:
+        except (HTTPError, http.client.HTTPException, OSError, ValueError) as exc:
             if time.monotonic() < deadline - 0.001:
                 self._rotate(index)
                 raise retry.Transient(endpoint, f"watch failed: {exc}") from None
         finally:
+            # the stream is not at its end: close the connection; the pool opens another when needed
             response.close()
-
-    def _url(self, index: int, path: str) -> str:
-        return self.endpoints[index] + self._api_paths[index] + path
+            response.release_conn()
 
     # -- endpoints ----------------------------------------------------------
 
-    def _session(self, index: int) -> requests.Session:
-        session = self._sessions[index]
-        if session is None:
-            session = requests.Session()
-            # no proxies, netrc or CA bundle from the environment: the URL says where etcd is and whom to
-            # trust; and looking them up again on every request costs more than the request itself
-            session.trust_env = False
-            adapter = HTTPAdapter(pool_connections=1, pool_maxsize=32)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            if self.options.tls:
-                session.verify = self.options.ca or True
-                if self.options.cert:
-                    session.cert = (self.options.cert, self.options.key) if self.options.key else self.options.cert
-            self._sessions[index] = session
-        return session
+    def _pool(self, index: int) -> urllib3.HTTPConnectionPool:
+        """The connection pool of endpoint ``index`` (lock held), made on first use."""
+        pool = self._pools[index]
+        if pool is None:
+            host, port = self.options.endpoints[index]
+            opts = self.options
+            common: dict[str, Any] = {"maxsize": 32, "block": False, "retries": _NO_RETRIES, "timeout": opts.timeout}
+            if opts.tls:
+                pool = urllib3.HTTPSConnectionPool(
+                    host,
+                    port,
+                    cert_reqs="CERT_REQUIRED",
+                    ca_certs=opts.ca,  # None: the system's CAs
+                    cert_file=opts.cert,
+                    key_file=opts.key,
+                    **common,
+                )
+            else:
+                pool = urllib3.HTTPConnectionPool(host, port, **common)
+            self._pools[index] = pool
+        return pool
 
-    def _pick(self) -> tuple[int, requests.Session]:
+    def _pick(self) -> tuple[int, urllib3.HTTPConnectionPool]:
         with self._local:
             index = self.current
-            return index, self._session(index)
+            return index, self._pool(index)
 
     def _rotate(self, failed: int) -> None:
         with self._local:
@@ -245,23 +293,20 @@ class Gateway:
 
     # -- what an answer means -----------------------------------------------
 
-    def _decode(self, index: int, path: str, response: requests.Response) -> dict[str, Any]:
+    def _error(self, index: int, path: str, status: int, data: bytes) -> Exception:
+        """What an answer other than a 200 with a JSON object means (returned, not raised)."""
         endpoint = self.endpoints[index]
         try:
-            answer = response.json()
+            answer = json.loads(data)
         except ValueError:
             answer = None
-        if not isinstance(answer, dict):
-            answer = None
-        if response.status_code == 200 and answer is not None:
+        if isinstance(answer, dict) and isinstance(answer.get("code"), int):
             self._answered[index] = True
-            return answer
-        if answer is not None and isinstance(answer.get("code"), int):
-            self._answered[index] = True
-            raise self.grpc_error(index, answer["code"], str(answer.get("message") or answer.get("error") or ""))
-        if response.status_code >= 500:
-            raise retry.Transient(endpoint, f"HTTP {response.status_code} {response.text[:200]!r}")
-        raise self._not_a_gateway(index, f"POST {self._api_paths[index]}{path}", response)
+            return self.grpc_error(index, answer["code"], str(answer.get("message") or answer.get("error") or ""))
+        text = data.decode("utf-8", errors="replace")
+        if status >= 500:
+            return retry.Transient(endpoint, f"HTTP {status} {text[:200]!r}")
+        return self._not_a_gateway(index, f"POST {self._api_paths[index]}{path}", status, text)
 
     def grpc_error(self, index: int, code: int, message: str) -> Exception:
         """The exception a gRPC error from endpoint ``index`` means (returned, not raised)."""
@@ -269,6 +314,13 @@ class Gateway:
         lowered = message.lower()
         if code == UNAUTHENTICATED or "invalid auth token" in lowered:
             return _TokenRejected(message)
+        if any(m in lowered for m in _TOO_LARGE_MESSAGES):
+            # the same request is as large next time: an answer, never an outage (nor, on RESOURCE_EXHAUSTED,
+            # the rate limit "too many requests", which passes)
+            return BackendError(
+                f"etcd at {endpoint} refused a request as too large ({message}): etcd takes requests up to its "
+                "--max-request-bytes (1.5 MiB unless set); use shorter lock names and smaller values"
+            )
         if code in _TRANSIENT_CODES or any(m in lowered for m in _TRANSIENT_MESSAGES):
             if code == UNAVAILABLE:
                 self._rotate(index)  # a member without a leader, or shutting down: another may serve
@@ -286,10 +338,10 @@ class Gateway:
             return AuthenticationFailed(self._auth_message(index, f"was refused ({message})"))
         return Failure(code, f"{endpoint}: {message}")
 
-    def _connection_failure(self, index: int, exc: requests.RequestException) -> Exception:
+    def _connection_failure(self, index: int, exc: Exception) -> Exception:
         endpoint = self.endpoints[index]
         first_contact = not self._answered[index]
-        if isinstance(exc, requests.exceptions.SSLError):
+        if _find_cause(exc, ssl.SSLError) is not None or isinstance(exc, urllib3.exceptions.SSLError):
             text = str(exc)
             if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
                 return BackendError(
@@ -342,16 +394,28 @@ class Gateway:
         except OSError:
             return False
 
-    def _not_a_gateway(self, index: int, request: str, response: requests.Response) -> Exception:
+    def _get(self, index: int, path: str) -> tuple[int, bytes]:
+        """A plain ``GET`` of ``path`` on endpoint ``index``, to find out what the server is: (0, b"") if none."""
+        with self._local:
+            pool = self._pool(index)
+        try:
+            response = pool.urlopen(
+                "GET", path, timeout=self.options.timeout, retries=_NO_RETRIES, redirect=False, preload_content=False
+            )
+            return response.status, response.data
+        except (HTTPError, http.client.HTTPException, OSError):
+            return 0, b""
+
+    def _not_a_gateway(self, index: int, request: str, status: int, text: str) -> Exception:
         """An HTTP answer that is not the v3 gateway's: find out what the server is, for the message."""
         endpoint = self.endpoints[index]
-        what = f"{request} answered HTTP {response.status_code} {response.text.strip()[:80]!r}"
-        if "HTTPS server" in response.text:
+        what = f"{request} answered HTTP {status} {text.strip()[:80]!r}"
+        if "HTTPS server" in text:
             return UnsupportedServer(f"{endpoint} speaks TLS only ({what}): use etcd3s:// (with ?ca= for its CA)")
+        probe_status, probe = self._get(index, "/version")
         try:
-            probe = self._session(index).get(endpoint + "/version", timeout=self.options.timeout)
-            version_text = probe.json().get("etcdserver") if probe.status_code == 200 else None
-        except (requests.RequestException, ValueError, AttributeError):
+            version_text = json.loads(probe).get("etcdserver") if probe_status == 200 else None
+        except (ValueError, AttributeError):
             version_text = None
         if not isinstance(version_text, str):
             return UnsupportedServer(
@@ -371,6 +435,9 @@ class Gateway:
             logger.info("etcd %s at %s serves the v3 gateway at %s", version_text, endpoint, path)
             self._api_paths[index] = path
             return _ApiPathChanged()
+        peer_port = peer_port_error(endpoint, *self._get(index, "/members"))
+        if peer_port is not None:
+            return peer_port
         return UnsupportedServer(
             f"etcd {version_text} at {endpoint} does not serve the v3 JSON gateway ({what}); "
             "it is on unless etcd runs with --enable-grpc-gateway=false"
@@ -381,18 +448,18 @@ class Gateway:
     def _auth_message(self, index: int, what: str) -> str:
         return f"etcd at {self.endpoints[index]}: user {self.options.username!r} {what}"
 
-    def _auth_token(self, index: int) -> str | None:
+    def _auth_token(self, index: int, pool: urllib3.HTTPConnectionPool) -> str | None:
         if not self._auth_enabled:
             return None
         with self._auth_lock:
             if self._token is None and self._auth_enabled:
-                self._authenticate(index)
+                self._authenticate(index, pool)
             return self._token
 
-    def _authenticate(self, index: int) -> None:
+    def _authenticate(self, index: int, pool: urllib3.HTTPConnectionPool) -> None:
         body = {"name": self.options.username, "password": self.options.password or ""}
         try:
-            answer = self._send(index, self._session(index), "auth/authenticate", body, token=None)
+            answer = self._send(index, pool, "auth/authenticate", body, token=None)
         except Failure as exc:
             if "authentication is not enabled" in str(exc):
                 logger.warning(
@@ -417,24 +484,27 @@ class Gateway:
     # -- process life -------------------------------------------------------
 
     def after_fork(self) -> None:
-        # The parent's sessions share its sockets (and TLS state): drop them unclosed.
+        # The parent's pools hold its sockets (and TLS state): drop them unclosed.
         self._local = threading.Lock()
         self._auth_lock = threading.Lock()
-        self._sessions = [None] * len(self.endpoints)
+        self._pools = [None] * len(self.endpoints)
 
     def close(self) -> None:
         with self._local:
-            sessions, self._sessions = self._sessions, [None] * len(self.endpoints)
-        for session in sessions:
-            if session is not None:
-                session.close()
+            pools, self._pools = self._pools, [None] * len(self.endpoints)
+        for pool in pools:
+            if pool is not None:
+                pool.close()
 
 
 class Watch:
     """A watch that lasts until its deadline, over as many streaming requests as the retry policy makes.
 
-    Each ``events()`` is one request. It remembers across them that the
-    auth token was rejected once: a second rejection is a refusal.
+    Each ``results()`` is one request. A rejected auth token is dropped and
+    fetched again on the next request; two rejections in a row, with no
+    accepted request between them, are a refusal. Rejections apart are
+    not: a token expires (``--auth-token-ttl``) while a watch waits without
+    using it, as often as the stream is cut.
     """
 
     def __init__(self, gateway: Gateway, create_request: dict[str, Any], deadline: float, what: str) -> None:
@@ -442,7 +512,7 @@ class Watch:
         self._body = {"create_request": create_request}
         self._deadline = deadline
         self._what = what
-        self._denied = 0
+        self._rejected_in_a_row = 0
 
     def results(self) -> Generator[dict[str, Any], None, None]:
         """Each message of the stream (``created`` first, then ``events``), until the deadline (then it ends).
@@ -452,23 +522,25 @@ class Watch:
         Close it (``contextlib.closing``) to end the request early.
         """
         gateway = self._gateway
-        index, session = gateway._pick()
+        index, pool = gateway._pick()
         token = None
         try:
-            token = gateway._auth_token(index)
-            yield from gateway._stream(index, session, self._body, self._deadline, token)
+            token = gateway._auth_token(index, pool)
+            for result in gateway._stream(index, pool, self._body, self._deadline, token):
+                self._rejected_in_a_row = 0  # the server took the token
+                yield result
         except _ApiPathChanged:
             raise retry.Transient(gateway.endpoints[index], "found the gateway at another path") from None
         except _TokenRejected:
-            self._denied += 1
-            if self._denied > 1 or not gateway._auth_enabled:
+            self._rejected_in_a_row += 1
+            if self._rejected_in_a_row > 1 or not gateway._auth_enabled:
                 raise AuthenticationFailed(gateway._auth_message(index, f"may not watch {self._what}")) from None
             gateway._drop_token(token)
             raise retry.Transient(gateway.endpoints[index], "auth token rejected; authenticating again") from None
 
 
 def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """The first ``kind`` in ``exc``'s args, causes and contexts (requests nests urllib3's errors)."""
+    """The first ``kind`` in ``exc``'s args, causes and contexts (urllib3 nests the socket's errors)."""
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo:
@@ -494,22 +566,18 @@ def _not_http(exc: BaseException) -> http.client.BadStatusLine | None:
     return None
 
 
-def _socket_of(response: requests.Response) -> socket.socket | None:
-    connection = getattr(response.raw, "connection", None) or getattr(response.raw, "_connection", None)
-    sock = getattr(connection, "sock", None)
-    return sock if isinstance(sock, socket.socket) else None
-
-
-def _messages(response: requests.Response, sock: socket.socket | None, deadline: float) -> Iterator[dict[str, Any]]:
+def _messages(response: urllib3.BaseHTTPResponse, deadline: float) -> Iterator[dict[str, Any]]:
     """The JSON messages of a gateway stream, each read bounded by ``deadline``."""
-    chunks = response.iter_content(chunk_size=None)
+    connection = getattr(response, "connection", None)
+    sock = getattr(connection, "sock", None)
+    chunks = response.stream(None)
     buffer = b""
     while True:
         while b"\n" not in buffer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            if sock is not None:
+            if isinstance(sock, socket.socket):
                 sock.settimeout(remaining)
             try:
                 chunk = next(chunks)
