@@ -27,6 +27,7 @@ from .errors import (
     BackendUnavailable,
     EtcdLockError,
     InvalidUse,
+    LimitMismatch,
     LockLost,
     NotHeld,
     TaskLocked,
@@ -34,6 +35,7 @@ from .errors import (
 )
 from .mutex import Mutex
 from .rwlock import RWLock
+from .semaphore import Semaphore
 
 if TYPE_CHECKING:
     from .tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
@@ -71,9 +73,11 @@ __all__ = [
     "Mutex",
     "RWLock",
     "RWLockTask",
+    "Semaphore",
     "SingletonTask",
     "EtcdLockError",
     "InvalidUse",
+    "LimitMismatch",
     "LockLost",
     "NotHeld",
     "TaskLocked",

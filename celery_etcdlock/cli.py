@@ -81,9 +81,14 @@ class Request:
 @dataclass(frozen=True)
 class LockState:
     name: str
-    mode: str  # "write" (a Mutex or RWLock writer) or "read" (one or more readers)
+    mode: str  # "write" (a Mutex or RWLock writer), "read" (one or more readers) or "slot" (a Semaphore)
     holders: list[Request]
     waiters: list[Request]
+    limit: int | None = None  # a Semaphore's limit (len(holders) of them are used)
+
+    @property
+    def kind(self) -> str:
+        return "semaphore" if self.mode == "slot" else "lock"
 
 
 @dataclass(frozen=True)
@@ -108,13 +113,14 @@ def _queue_name(queue_key: str) -> str:
 
 
 def list_locks(client: Client) -> list[LockState]:
-    """Every lock with a holder or a waiter, by name."""
+    """Every lock and semaphore with a holder or a waiter, by name."""
     states = []
-    for queue_key, entries in client.backend.list_queues(keys.LOCKS).items():
-        state = _lock_state(_queue_name(queue_key), QueueState(entries, 0))
-        if state is not None:
-            states.append(state)
-    return sorted(states, key=lambda s: s.name)
+    for namespace in (keys.LOCKS, keys.SEMAPHORES):
+        for queue_key, entries in client.backend.list_queues(namespace).items():
+            state = _lock_state(_queue_name(queue_key), QueueState(entries, 0))
+            if state is not None:
+                states.append(state)
+    return sorted(states, key=lambda s: (s.name, s.kind))
 
 
 def list_elections(client: Client) -> list[ElectionState]:
@@ -143,8 +149,12 @@ def list_elections(client: Client) -> list[ElectionState]:
 
 
 def find_lock(client: Client, name: str) -> LockState | None:
-    """The lock ``name`` if someone holds it, else None."""
-    return _lock_state(name, read_state(client, keys.queue_key(keys.LOCKS, name), fresh=True))
+    """The lock (else the semaphore) ``name`` if someone holds it, else None."""
+    for namespace in (keys.LOCKS, keys.SEMAPHORES):
+        state = _lock_state(name, read_state(client, keys.queue_key(namespace, name), fresh=True))
+        if state is not None:
+            return state
+    return None
 
 
 def _lock_state(name: str, queue: QueueState) -> LockState | None:
@@ -156,17 +166,22 @@ def _lock_state(name: str, queue: QueueState) -> LockState | None:
         mode=holders[0].mode,
         holders=[Request.from_entry(e) for e in holders],
         waiters=[Request.from_entry(e) for e in queue.waiters],
+        limit=holders[0].limit if holders[0].mode == "slot" else None,
     )
 
 
 def force_release(client: Client, name: str, tokens: Sequence[int] | None = None) -> list[int]:
-    """Delete the holders' entries of lock ``name`` (only those of ``tokens`` if given).
+    """Delete the holders' entries of lock (else semaphore) ``name`` (only those of ``tokens`` if given).
 
     Each delete is guarded by the entry's exact stored value, so a holder
     that released or changed in the meantime is left alone. Returns the
     tokens released.
     """
-    holders = read_state(client, keys.queue_key(keys.LOCKS, name), fresh=True).holders
+    holders: list[Entry] = []
+    for namespace in (keys.LOCKS, keys.SEMAPHORES):
+        holders = read_state(client, keys.queue_key(namespace, name), fresh=True).holders
+        if holders:
+            break
     released = []
     for entry in holders:
         if tokens is not None and entry.token not in tokens:
@@ -205,7 +220,7 @@ def locks_table(states: Sequence[LockState]) -> str:
             rows.append(
                 [
                     state.name if first else "",
-                    holder.mode,
+                    f"slot {len(state.holders)}/{state.limit}" if state.limit is not None and first else holder.mode,
                     holder.token,
                     holder.task,
                     holder.task_id,
@@ -290,7 +305,7 @@ def locks(ctx: click.Context, as_json: bool, interval: float | None, timeout: fl
         with _etcd_errors():
             states = list_locks(client)
         if as_json:
-            click.echo(_json([asdict(s) for s in states]))
+            click.echo(_json([{**asdict(s), "kind": getattr(s, "kind", "election")} for s in states]))
         elif states:
             click.echo(locks_table(states))
         else:
@@ -312,7 +327,7 @@ def leader(ctx: click.Context, as_json: bool, interval: float | None, timeout: f
         with _etcd_errors():
             states = list_elections(client)
         if as_json:
-            click.echo(_json([asdict(s) for s in states]))
+            click.echo(_json([{**asdict(s), "kind": getattr(s, "kind", "election")} for s in states]))
         elif states:
             click.echo(elections_table(states))
         else:
@@ -324,11 +339,14 @@ def leader(ctx: click.Context, as_json: bool, interval: float | None, timeout: f
 @etcdlock.command(cls=CeleryCommand)
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--token", "tokens", type=int, multiple=True, help="Release only the holder with this token (repeatable)")
 @json_option
 @timeout_option
 @click.pass_context
-def release(ctx: click.Context, name: str, yes: bool, as_json: bool, timeout: float) -> None:
-    """Force-release the lock NAME, whoever holds it.
+def release(
+    ctx: click.Context, name: str, yes: bool, tokens: tuple[int, ...], as_json: bool, timeout: float
+) -> None:
+    """Force-release the lock or semaphore NAME, whoever holds it (one slot's holder with --token).
 
     The holder learns at its next renewal that the lock is lost; the next
     waiter acquires it with a higher token. Use it for a lock whose holder
@@ -337,6 +355,11 @@ def release(ctx: click.Context, name: str, yes: bool, as_json: bool, timeout: fl
     client = _client(ctx, timeout)
     with _etcd_errors():
         state = find_lock(client, name)
+    if state is not None and tokens:
+        unknown = sorted(set(tokens) - {h.token for h in state.holders})
+        if unknown:
+            raise click.ClickException(f"{name!r} has no holder with token {', '.join(map(str, unknown))}")
+        state = LockState(state.name, state.mode, [h for h in state.holders if h.token in tokens], [], state.limit)
     if state is None:
         if as_json:
             click.echo(_json({"name": name, "released": []}))

@@ -53,6 +53,16 @@ class NotHeld(EtcdLockError):
     """release() of a lock this object does not hold."""
 
 
+class LimitMismatch(EtcdLockError, ValueError):
+    """A semaphore was asked for with another limit than its current participants have (names both)."""
+
+    def __init__(self, message: str, lock_name: str = "", limit: int = 0, asked: int = 0) -> None:
+        super().__init__(message)
+        self.lock_name = lock_name
+        self.limit = limit
+        self.asked = asked
+
+
 class InvalidUse(EtcdLockError, RuntimeError):
     """An object used out of turn: ``acquire()`` on a lock object that is held or busy, ``start()`` twice."""
 

@@ -25,6 +25,7 @@ import re
 
 LOCKS = "locks"  # Mutex and RWLock queues (a Mutex is the write side of the RWLock of its name)
 ELECTIONS = "elections"  # Election queues
+SEMAPHORES = "semaphores"  # Semaphore queues
 RECORDS = "records"  # JSON documents: beat schedule state, enqueue markers
 
 MAX_SEGMENT = 200  # characters of one encoded name; etcd allows more, but keys are read, listed and logged

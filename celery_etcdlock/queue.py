@@ -1,20 +1,26 @@
-"""The fair queue every primitive stands on: join, find my blocker, wait, leave.
+"""The fair queue every primitive stands on: join, find my blockers, wait, leave.
 
 A request joins the queue as a new entry (its token is its creation number,
 so the queue is FIFO), reads the queue, and either holds the lock or waits
-for the one entry that blocks it to go:
+for an entry that blocks it to go:
 
 - a writer is blocked by the entry just before it, whatever its mode;
 - a reader is blocked by the last *writer* before it, so readers share, all
   readers behind a writer proceed together when it leaves, and no reader
-  overtakes an earlier writer.
+  overtakes an earlier writer;
+- a slot of a semaphore of ``limit`` holds while fewer than ``limit``
+  entries are ahead of it; else it waits for any one of the ``limit``
+  entries just ahead of it to go. Watching a single one would not do:
+  holders leave in any order, and a waiter that watched a long holder would
+  leave the slot of a short one idle. A release therefore wakes at most
+  ``limit`` waiters, and exactly one for a writer (``limit`` 1).
 
-Each waiter watches its blocker only (no herd), from the revision of the
+Each waiter watches its blockers only (no herd), from the revision of the
 read that decided to wait (no lost wake-ups), and re-reads the queue after
 every wake-up, which also re-checks that its own entry still exists. Every
 exit path deletes its own entry, guarded by its value. A ``Mutex`` is a
-writer; ``RWLock`` offers both; an ``Election`` is a writer whose holder
-leads.
+writer; ``RWLock`` offers both; a ``Semaphore`` takes slots; an
+``Election`` is a writer whose holder leads.
 
 An acquire that may not wait (``blocking=False``, or ``timeout=0``) looks
 before it joins: it creates an entry only if the queue is empty (one v3
@@ -46,28 +52,32 @@ from types import TracebackType
 from typing import Any
 
 from . import observe
-from .backends.base import Entry, Snapshot, WaitResult
+from .backends.base import Entry, Snapshot, WaitResult, encode_json
 from .client import Client, check_client
-from .errors import InvalidUse, LockLost, NotHeld
+from .errors import InvalidUse, LimitMismatch, LockLost, NotHeld
 from .options import check_timeout, check_ttl
 from .session import SessionKey
 
 logger = logging.getLogger(__name__)
 
-READ, WRITE = "read", "write"
+READ, WRITE, SLOT = "read", "write", "slot"
+MODES = (READ, WRITE, SLOT)
 _HOSTNAME = socket.gethostname()
+MAX_DATA_BYTES = 64 * 1024  # what a holder may record in its entry: every waiter reads every entry
 
 
 # -- reading a queue ----------------------------------------------------------------------------
 
 
-def blocker_of(entries: list[Entry], mine: Entry, mode: str) -> Entry | None:
-    """The entry ``mine`` must wait for, or None if it holds the lock."""
+def blockers_of(entries: list[Entry], mine: Entry, mode: str, limit: int = 1) -> list[Entry]:
+    """The entries ``mine`` waits for (any one of them going may let it in), or ``[]`` if it holds the lock."""
     earlier = [e for e in entries if e.token < mine.token]
     if mode == WRITE:
-        return earlier[-1] if earlier else None
+        return earlier[-1:]
+    if mode == SLOT:
+        return earlier[-limit:] if len(earlier) >= limit else []
     writers = [e for e in earlier if e.mode == WRITE]
-    return writers[-1] if writers else None
+    return writers[-1:]
 
 
 def describe(entry: Entry) -> dict[str, Any]:
@@ -93,10 +103,12 @@ class QueueState:
 
     @property
     def holders(self) -> list[Entry]:
-        """The entries that hold the lock: the first writer, or the readers at the head."""
+        """The entries that hold the lock: the first writer, the readers at the head, or a semaphore's first slots."""
         entries = self.entries
         if not entries or entries[0].mode == WRITE:
             return entries[:1]
+        if entries[0].mode == SLOT:
+            return entries[: entries[0].limit]
         count = 0
         while count < len(entries) and entries[count].mode != WRITE:
             count += 1
@@ -139,9 +151,12 @@ class QueueLock:
         mode: str,
         on_lost: Callable[[Any], None] | None = None,
         data: dict[str, Any] | None = None,
+        limit: int = 1,
     ) -> None:
-        if mode not in (READ, WRITE):
-            raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive whole number, not {limit!r}")
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be callable")
         if data is not None and not isinstance(data, dict):
@@ -151,8 +166,12 @@ class QueueLock:
         self.name = name
         self.ttl = check_ttl(ttl)
         self.mode = mode
+        self.limit = limit if mode == SLOT else 1
         self.on_lost = on_lost
         self.data = data
+        size = len(encode_json(data)) if data else 0
+        if size > MAX_DATA_BYTES:
+            raise ValueError(f"data of lock {name!r} is {size} bytes as JSON; it may be at most {MAX_DATA_BYTES}")
         #: the queue as this object's last acquire saw it when it could not take the lock at once (None if it could)
         self.conflict: QueueState | None = None
         self._session = client.session(self.ttl)  # looked up again at each acquire: a forked child gets its own
@@ -282,6 +301,8 @@ class QueueLock:
 
     def _value(self) -> dict[str, Any]:
         value: dict[str, Any] = {"holder": self.holder, "mode": self.mode}
+        if self.mode == SLOT:
+            value["limit"] = self.limit
         if self.data:
             value["data"] = self.data
         return value
@@ -292,9 +313,31 @@ class QueueLock:
         if waits:
             return self._session.join(self.queue, self._value(), on_lost=self._lost)
         skey, snapshot = self._session.join_if_empty(self.queue, self._value(), on_lost=self._lost)
-        if skey is None and self.mode == READ and not any(e.mode == WRITE for e in snapshot.entries):
-            return self._session.join(self.queue, self._value(), on_lost=self._lost)  # readers share
+        if skey is None:
+            self._check_limit(snapshot, None)
+            entries = snapshot.entries
+            shares = (self.mode == READ and not any(e.mode == WRITE for e in entries)) or (
+                self.mode == SLOT and len(entries) < self.limit
+            )
+            if shares:  # readers share, and a semaphore with a free slot lets one more in
+                return self._session.join(self.queue, self._value(), on_lost=self._lost)
         return skey, snapshot
+
+    def _check_limit(self, snapshot: Snapshot, skey: SessionKey | None) -> None:
+        """Everyone on a semaphore must agree on its limit: refuse to take part with another one."""
+        if self.mode != SLOT:
+            return
+        others = [e for e in snapshot.entries if e.mode == SLOT and e.limit != self.limit]
+        if others:
+            if skey is not None:
+                self._session.leave(skey)
+            raise LimitMismatch(
+                f"semaphore {self.name!r} has limit {others[0].limit} (held or queued for by "
+                f"{others[0].value.get('holder')}), not {self.limit}: every participant must ask for the same limit",
+                self.name,
+                others[0].limit,
+                self.limit,
+            )
 
     def _acquire(self, deadline: float, waits: bool, on_wait: Callable[[QueueState], None] | None) -> bool:
         if self._given_up():
@@ -304,6 +347,7 @@ class QueueLock:
         if skey is None:
             self._blocked(QueueState.of(snapshot), waits=False)
             return False
+        self._check_limit(snapshot, skey)
         try:
             if not self._wait_with(skey):
                 self._session.leave(skey)
@@ -325,8 +369,8 @@ class QueueLock:
                         self._session.leave(skey)
                         return False
                     continue
-                blocker = blocker_of(snapshot.entries, mine, self.mode)
-                if blocker is None:
+                blockers = blockers_of(snapshot.entries, mine, self.mode, self.limit)
+                if not blockers:
                     return self._took(skey, mine, started)
                 first = self.conflict is None
                 state = QueueState(
@@ -337,7 +381,7 @@ class QueueLock:
                     self._blocked(state, waits=waits and time.monotonic() < deadline)
                     if on_wait is not None and waits:
                         on_wait(state)
-                if not self._wait_for(blocker, snapshot.revision, deadline, skey):
+                if not self._wait_for(blockers, snapshot.revision, deadline, skey):
                     self._session.leave(skey)
                     if waits and not self._given_up():
                         self._report(observe.TIMED_OUT, seconds=time.monotonic() - started, state=state)
@@ -391,16 +435,17 @@ class QueueLock:
             self._waiting = skey
             return True
 
-    def _wait_for(self, blocker: Entry, revision: int, deadline: float, skey: SessionKey) -> bool:
-        """Wait until ``blocker`` goes (True: read again) or the deadline passes (False)."""
-        logger.debug("lock %s: %s waits for token %d", self.name, self.holder, blocker.token)
+    def _wait_for(self, blockers: list[Entry], revision: int, deadline: float, skey: SessionKey) -> bool:
+        """Wait until one of ``blockers`` goes (True: read again) or the deadline passes (False)."""
+        tokens = ", ".join(str(b.token) for b in blockers)
+        logger.debug("lock %s: %s waits for token %s", self.name, self.holder, tokens)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._given_up():
                 return False
             # deletions and expiries arrive as events: the bound is only a safety net against a silent
             # connection, and lets a request that was cancelled or lost go without waiting for its blocker
-            result = self._backend.wait_gone(blocker, revision, timeout=min(remaining, max(5.0, 2 * self.ttl)))
+            result = self._backend.wait_any_gone(blockers, revision, timeout=min(remaining, max(5.0, 2 * self.ttl)))
             if result is WaitResult.STALE:
                 logger.debug(
                     "lock %s: %s cannot watch from index %d any more; reading again", self.name, self.holder, revision

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(180)
 
 HOLDER = """
 import os, sys
-from celery_etcdlock import Election, Mutex, RWLock, connect
+from celery_etcdlock import Election, Mutex, RWLock, Semaphore, connect
 
 client = connect(os.environ["URL"])
 kind, name = sys.argv[1], sys.argv[2]
@@ -44,6 +44,8 @@ if kind == "candidate":
 else:
     if kind == "mutex":
         lock = Mutex(client, name, ttl=10, on_lost=lost, data=data)
+    elif kind == "slot":
+        lock = Semaphore(client, name, limit=3, ttl=10, on_lost=lost, data=data)
     else:
         lock = RWLock(client, name, ttl=10).read(on_lost=lost, data=data)
     print("queueing", flush=True)
@@ -271,3 +273,22 @@ def test_the_celery_program_has_the_etcdlock_command(tmp_path: Path, api: str, e
     )
     assert empty.returncode == 0, empty.stderr
     assert json.loads(empty.stdout) == []
+
+
+def test_semaphore_slots_are_shown_and_one_holders_slot_can_be_freed(
+    run_cli: Callable[..., Result], holders: Callable[..., Proc]
+):
+    slots = [holders("slot", "renderers", f"worker-{i}") for i in range(2)]
+    by_token = {int(s.expect(r"held (\d+)").group(1)): s for s in slots}
+    tokens = sorted(by_token)
+    table = run_cli("locks").output.splitlines()
+    assert table[1].split()[:3] == ["renderers", "slot", "2/3"], table
+    shown = locks_json(run_cli)["renderers"]
+    assert shown["kind"] == "semaphore" and shown["limit"] == 3
+    assert sorted(h["token"] for h in shown["holders"]) == tokens
+    result = run_cli("release", "renderers", "--token", str(tokens[0]), "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"name": "renderers", "released": [tokens[0]]}
+    by_token[tokens[0]].expect("lost", timeout=20)
+    assert [h["token"] for h in locks_json(run_cli)["renderers"]["holders"]] == [tokens[1]]
+    assert run_cli("release", "renderers", "--token", "1", "--yes").exit_code == 1  # no such holder

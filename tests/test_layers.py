@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("session", {"session"}),
     ("client", {"client", "connect"}),
     ("queue", {"queue"}),
-    ("primitives", {"mutex", "rwlock", "election"}),
+    ("primitives", {"mutex", "rwlock", "semaphore", "election"}),
     ("store", {"store"}),
     ("celery", {"settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
     ("cli", {"cli"}),

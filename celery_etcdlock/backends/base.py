@@ -61,6 +61,12 @@ class Entry:
     def mode(self) -> str:
         return str(self.value.get("mode", "write"))
 
+    @property
+    def limit(self) -> int:
+        """A semaphore's limit as its entry records it (1 for anything else)."""
+        limit = self.value.get("limit", 1)
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else 1
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -235,8 +241,16 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def wait_any_gone(self, entries: list[Entry], after_revision: int, timeout: float) -> WaitResult:
+        """Block until one of ``entries`` (all of one queue) is deleted or expires, or ``timeout`` passes.
+
+        Watches from ``after_revision + 1``, the revision of the read that decided to wait, so
+        that no delete in between is missed.
+        """
+
     def wait_gone(self, entry: Entry, after_revision: int, timeout: float) -> WaitResult:
         """Block until ``entry`` is deleted or expires, watching from ``after_revision + 1``."""
+        return self.wait_any_gone([entry], after_revision, timeout)
 
     @abc.abstractmethod
     def delete_entry(self, entry: Entry) -> bool:

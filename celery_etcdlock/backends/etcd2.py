@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from http.client import HTTPException
@@ -373,28 +374,42 @@ class Etcd2Backend(Backend):
         entries.sort(key=lambda e: e.token)
         return entries
 
-    def wait_gone(self, entry: Entry, after_revision: int, timeout: float) -> WaitResult:
+    def wait_any_gone(self, entries: list[Entry], after_revision: int, timeout: float) -> WaitResult:
+        # One entry: a watch of its key. Several (a semaphore's waiter): a recursive watch of their queue,
+        # which also sees the queue's other changes: those move the index on without a new read.
+        deadline = time.monotonic() + timeout
+        keys = {entry.key for entry in entries}
+        if len(entries) == 1:
+            path, what, params = entries[0].key, entries[0].key, {"wait": "true"}
+        else:
+            path = entries[0].key.rsplit("/", 1)[0]
+            what, params = f"{len(entries)} keys of {path}", {"wait": "true", "recursive": "true"}
         wait_index = after_revision + 1
 
-        def watch() -> WaitResult:
-            nonlocal wait_index
-            while True:
-                try:
-                    body, _ = self._request(
-                        "GET", entry.key, {"wait": "true", "waitIndex": wait_index}, timeout=max(0.01, timeout)
-                    )
-                except _WatchTimedOut:
-                    return WaitResult.TIMEOUT
-                except _Failure as exc:
-                    if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
-                        return WaitResult.STALE
-                    raise
-                if body.get("action") in _GONE_ACTIONS:
-                    return WaitResult.GONE
-                wait_index = int(body["node"]["modifiedIndex"]) + 1
+        def poll() -> dict[str, Any] | WaitResult:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return WaitResult.TIMEOUT
+            try:
+                body, _ = self._request("GET", path, {**params, "waitIndex": wait_index}, timeout=remaining)
+            except _WatchTimedOut:
+                return WaitResult.TIMEOUT
+            except _Failure as exc:
+                if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
+                    return WaitResult.STALE
+                raise
+            return body
 
-        # A watch that times out is not an outage; a refused connection is, and is retried.
-        return self._retrying(f"watch {entry.key}", watch)
+        while True:
+            # each poll has a retry budget of its own: a wait that worked for long and then lost its
+            # connection must not give up at once (a watch that times out is not an outage)
+            answer = self._retrying(f"watch {what}", poll)
+            if isinstance(answer, WaitResult):
+                return answer
+            node = answer["node"]
+            if answer.get("action") in _GONE_ACTIONS and self._relative(node["key"]) in keys:
+                return WaitResult.GONE
+            wait_index = int(node["modifiedIndex"]) + 1
 
     def delete_entry(self, entry: Entry) -> bool:
         def delete() -> bool:

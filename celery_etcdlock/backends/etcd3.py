@@ -304,47 +304,57 @@ class Etcd3Backend(Backend):
 
         return self._retrying(f"read queue {queue}", read)
 
-    def wait_gone(self, entry: Entry, after_revision: int, timeout: float) -> WaitResult:
+    def wait_any_gone(self, entries: list[Entry], after_revision: int, timeout: float) -> WaitResult:
         # A watch from a past revision that has writes after it is served from etcd's "unsynced" set,
         # which is checked only every 100 ms: under contention every handoff would wait for it. A watch
-        # from now is synced. So watch from now, and once it exists, read the key: a delete that came
-        # before the watch shows as an absent key, one after it as an event. Nothing is missed, and
-        # after_revision is not needed (nor can it be compacted away).
+        # from now is synced. So watch from now, and once every watch exists, read the keys: a delete that
+        # came before the watch shows as an absent key, one after it as an event. Nothing is missed, and
+        # after_revision is not needed (nor can it be compacted away). All keys share one stream.
         deadline = time.monotonic() + timeout
-        watch = self.gateway.watch({"key": b64(self._full(entry.key)), "filters": ["NOPUT"]}, deadline, entry.key)
+        what = entries[0].key if len(entries) == 1 else f"{len(entries)} keys of {entries[0].key.rsplit('/', 1)[0]}"
+        watch = self.gateway.watch(
+            [{"key": b64(self._full(entry.key)), "filters": ["NOPUT"]} for entry in entries], deadline, what
+        )
 
         def wait() -> WaitResult | None:
             if time.monotonic() >= deadline:
                 return WaitResult.TIMEOUT
-            established = False
+            created = 0
             try:
                 with closing(watch.results()) as results:
                     for result in results:
-                        established = True
-                        if result.get("created") and not self._exists(entry):
-                            return WaitResult.GONE
+                        if result.get("created"):
+                            created += 1
+                            if created == len(entries) and not self._all_exist(entries):
+                                return WaitResult.GONE
                         if any(event.get("type") == "DELETE" for event in result.get("events", ())):
                             return WaitResult.GONE
             except WatchCancelled as exc:
-                logger.debug("watch of %s ended (%s): reading again", entry.key, exc)
+                logger.debug("watch of %s ended (%s): reading again", what, exc)
                 return WaitResult.STALE
             except retry.Transient as exc:
-                if not established:
+                if not created:
                     raise
-                logger.debug("watch of %s was cut (%s): watching again", entry.key, exc)
+                logger.debug("watch of %s was cut (%s): watching again", what, exc)
                 return None
             return WaitResult.TIMEOUT
 
         # The retry budget counts from a call's start: a watch that worked for longer than the budget and
         # then lost its connection starts a new one, or a long wait would give up at its first failure.
-        while (result := self._retrying(f"watch {entry.key}", wait)) is None:
+        while (result := self._retrying(f"watch {what}", wait)) is None:
             pass
         return result
 
-    def _exists(self, entry: Entry) -> bool:
-        """Whether ``entry`` (this very key, not a namesake created later) still exists."""
-        kvs = self._range(self._full(entry.key)).get("kvs", [])
-        return bool(kvs) and int(kvs[0]["create_revision"]) == entry.token
+    def _all_exist(self, entries: list[Entry]) -> bool:
+        """Whether every one of ``entries`` (these very keys, not namesakes created later) still exists."""
+        if len(entries) == 1:
+            kvs = self._range(self._full(entries[0].key)).get("kvs", [])
+        else:  # one read of their queue, keys only
+            queue = self._full(entries[0].key.rsplit("/", 1)[0]) + "/"
+            request = {**_range_request(queue, prefix=True), "keys_only": True}
+            kvs = self.gateway.post("kv/range", request).get("kvs", [])
+        alive = {(self._relative(unb64(kv["key"])), int(kv["create_revision"])) for kv in kvs}
+        return all((entry.key, entry.token) in alive for entry in entries)
 
     def delete_entry(self, entry: Entry) -> bool:
         full = b64(self._full(entry.key))

@@ -158,9 +158,13 @@ class Gateway:
                 self._drop_token(token)
         raise BackendError(f"etcd at {self.endpoints[index]} kept changing its API path")
 
-    def watch(self, create_request: dict[str, Any], deadline: float, what: str) -> Watch:
-        """A watch (``create_request`` of ``POST watch``) until ``deadline`` (monotonic); ``what`` names it."""
-        return Watch(self, create_request, deadline, what)
+    def watch(self, create_requests: list[dict[str, Any]], deadline: float, what: str) -> Watch:
+        """Watches (the ``create_request`` of each), on one stream, until ``deadline`` (monotonic); ``what`` names it.
+
+        The gateway reads the request body as a stream of watch requests, so one
+        request carries them all; each gets its ``created`` answer, in order.
+        """
+        return Watch(self, create_requests, deadline, what)
 
     def _send(
         self,
@@ -191,15 +195,15 @@ class Gateway:
         index: int,
         pool: urllib3.HTTPConnectionPool,
         path: str,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         token: str | None,
         timeout: float,
     ) -> urllib3.BaseHTTPResponse:
-        """Send the request; the response with its body not read yet."""
+        """Send the request (``body``: an object, or JSON text already encoded); the response, its body not read yet."""
         return pool.urlopen(
             "POST",
             self._api_paths[index] + path,
-            body=_encode(body).encode("utf-8"),
+            body=body if isinstance(body, bytes) else _encode(body).encode("utf-8"),
             headers={"Content-Type": "application/json", "Authorization": token} if token else _JSON,
             timeout=timeout,
             retries=_NO_RETRIES,
@@ -212,7 +216,7 @@ class Gateway:
         self,
         index: int,
         pool: urllib3.HTTPConnectionPool,
-        body: dict[str, Any],
+        body: bytes,
         deadline: float,
         token: str | None,
     ) -> Generator[dict[str, Any], None, None]:
@@ -507,9 +511,9 @@ class Watch:
     using it, as often as the stream is cut.
     """
 
-    def __init__(self, gateway: Gateway, create_request: dict[str, Any], deadline: float, what: str) -> None:
+    def __init__(self, gateway: Gateway, create_requests: list[dict[str, Any]], deadline: float, what: str) -> None:
         self._gateway = gateway
-        self._body = {"create_request": create_request}
+        self._body = "\n".join(_encode({"create_request": r}) for r in create_requests).encode("utf-8")
         self._deadline = deadline
         self._what = what
         self._rejected_in_a_row = 0
