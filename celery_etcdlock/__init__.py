@@ -38,7 +38,7 @@ from .rwlock import RWLock
 from .semaphore import Semaphore
 
 if TYPE_CHECKING:
-    from .tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
+    from .tasks import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 __version__ = "0.1.0"
 
@@ -47,6 +47,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 #: names of the Celery layer, imported on first use so that the primitives work without Celery
 _CELERY_LAYER = {
+    "LimitedTask": "tasks",
+    "limited_task": "tasks",
     "RWLockTask": "tasks",
     "SingletonTask": "tasks",
     "rwlock_task": "tasks",
@@ -70,6 +72,7 @@ __all__ = [
     "Client",
     "Election",
     "LeaderEvent",
+    "LimitedTask",
     "Mutex",
     "RWLock",
     "RWLockTask",
@@ -83,6 +86,7 @@ __all__ = [
     "TaskLocked",
     "UnsupportedServer",
     "connect",
+    "limited_task",
     "rwlock_task",
     "singleton_task",
     "__version__",

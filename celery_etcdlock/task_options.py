@@ -32,10 +32,11 @@ from typing import Any
 
 from .options import check_seconds, check_ttl
 
-ON_CONFLICT = ("skip", "raise", "retry", "wait")
+ON_CONFLICT = ("skip", "raise", "retry", "wait", "reschedule")
 HASHED = "sha256:"  # what a hashed key starts with
 MODES = ("read", "write")
 LOCK_OPTIONS = (
+    "limit",
     "key",
     "lock_ttl",
     "on_conflict",
@@ -46,6 +47,9 @@ LOCK_OPTIONS = (
     "lock_name",
     "lock_mode",
     "hash_key",
+    "reschedule_countdown",
+    "reschedule_max_countdown",
+    "reschedule_for",
 )
 #: the decorators' names for options the task classes keep under another name
 DECORATOR_NAMES = {"lock": "lock_name", "mode": "lock_mode"}
@@ -103,6 +107,16 @@ def check_options(options: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: mode must be 'read' or 'write', not {mode!r}")
     if options.get("dedupe_enqueue") and mode is not None:
         raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
+    limit = options.get("limit", 1)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"{where}: limit must be a positive whole number, not {limit!r}")
+    if limit > 1 and mode is not None:
+        raise ValueError(f"{where}: limit is for limited tasks, not read-write locked ones")
+    if limit > 1 and options.get("dedupe_enqueue"):
+        raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks (limit 1), not limit {limit}")
+    for name in ("reschedule_countdown", "reschedule_max_countdown", "reschedule_for"):
+        if name in options:
+            check_ttl(options[name], f"{where}: {name}")
     if not isinstance(options.get("hash_key", False), bool):
         raise TypeError(f"{where}: hash_key must be True or False, not {options['hash_key']!r}")
 

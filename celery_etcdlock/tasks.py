@@ -27,6 +27,7 @@ instance's ``AsyncResult`` instead of queueing another.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
@@ -45,11 +46,12 @@ from celery.utils.log import get_logger
 from . import observe, signals
 from .client import Client
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
-from .errors import BackendUnavailable, EtcdLockError, LockLost, TaskLocked
+from .errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked
 from .mutex import Mutex
 from .options import MAX_SECONDS
 from .queue import QueueState
 from .rwlock import RWLock
+from .semaphore import Semaphore
 from .settings import Settings, client_for
 from .store import Fence
 from .task_options import (
@@ -68,6 +70,9 @@ from .task_options import (
 logger = get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: the message header of a rescheduled run: how often it was rescheduled, and since when (epoch seconds)
+RESCHEDULED = "etcdlock_rescheduled"
 
 #: the names Celery itself may put on a task class (so that a near miss of ours is not mistaken for one)
 _CELERY_NAMES = set(dir(celery.Task)) | {"bind", "shared", "lazy", "base", "filter", "app", "run", "__wrapped__"}
@@ -100,21 +105,29 @@ class TaskLock(Fence, Protocol):
     def holders(self) -> list[dict[str, Any]]: ...
 
 
-class SingletonTask(celery.Task):
-    """A task that runs under a cluster-wide etcd lock.
+class LimitedTask(celery.Task):
+    """A task of which at most ``limit`` runs (per key) happen at once, cluster-wide.
 
     Options (class attributes, or keyword arguments of ``@app.task``):
 
-    - ``key``: None (one run of the task at a time), a list of argument
+    - ``limit``: how many runs at once (1: a singleton, under a ``Mutex``;
+      more: under a ``Semaphore``).
+    - ``key``: None (the limit holds for the whole task), a list of argument
       names, a format string over the arguments, or ``callable(args, kwargs) -> str``.
-    - ``lock_ttl``: seconds a dead worker keeps the lock (default ``etcdlock_ttl``).
-    - ``on_conflict``: ``"skip"``, ``"raise"``, ``"retry"`` or ``"wait"``.
+    - ``lock_ttl``: seconds a dead worker keeps its lock (default ``etcdlock_ttl``).
+    - ``on_conflict``: ``"skip"``, ``"raise"``, ``"retry"``, ``"wait"`` or ``"reschedule"``.
     - ``lock_timeout``: how long ``"wait"`` waits (None: as long as it takes).
     - ``retry_countdown``: the countdown of ``"retry"``, in seconds.
+    - ``reschedule_countdown`` / ``reschedule_max_countdown`` / ``reschedule_for``:
+      ``"reschedule"`` sends the task again after ``reschedule_countdown`` seconds,
+      doubling (with jitter) up to ``reschedule_max_countdown``, for at most
+      ``reschedule_for`` seconds since the first attempt; it does not count
+      towards ``max_retries``.
     - ``dedupe_enqueue`` / ``dedupe_ttl``: return the queued or running
       instance's AsyncResult instead of queueing another; the queued
       marker expires after ``dedupe_ttl`` seconds (plus any countdown/ETA)
-      if its message is lost.
+      if its message is lost (singletons only).
+    - ``hash_key``: put the SHA-256 of the key in the lock's name, not the argument values.
     - ``lock_name`` / ``lock_mode``: used by ``rwlock_task``: the lock's
       name (or format string, or callable), and ``"read"``/``"write"``.
     """
@@ -122,9 +135,13 @@ class SingletonTask(celery.Task):
     #: marks the tasks of this package (a beat of an app that has them warns if it does not elect a leader)
     etcdlock_locked = True
 
+    limit: int = 1
     key: KeySpec = None
     lock_ttl: float | None = None
-    on_conflict: str = "skip"
+    on_conflict: str = "wait"
+    reschedule_countdown: float = 1.0
+    reschedule_max_countdown: float = 60.0
+    reschedule_for: float = 3600.0
     lock_timeout: float | None = None
     retry_countdown: float = 5.0
     dedupe_enqueue: bool = False
@@ -223,7 +240,9 @@ class SingletonTask(celery.Task):
         self, client: Client, name: str, ttl: float, on_lost: Callable[[Any], None], data: dict[str, Any]
     ) -> TaskLock:
         if self.lock_mode is None:
-            return Mutex(client, name, ttl=ttl, on_lost=on_lost, data=data)
+            if self.limit == 1:
+                return Mutex(client, name, ttl=ttl, on_lost=on_lost, data=data)
+            return Semaphore(client, name, limit=self.limit, ttl=ttl, on_lost=on_lost, data=data)
         side = RWLock(client, name, ttl=ttl)
         if self.lock_mode == "read":
             return side.read(on_lost=on_lost, data=data)
@@ -238,8 +257,11 @@ class SingletonTask(celery.Task):
         """
         if self.on_conflict == "wait":
             return self._wait_for(lock, client, name, task_id)
-        if lock.acquire(blocking=False):
-            return True
+        try:
+            if lock.acquire(blocking=False):
+                return True
+        except LimitMismatch as exc:  # a deploy that changes the limit: the old one holds until its runs end
+            logger.warning("task %s[%s]: %s; treating %s as taken", self.name, task_id, exc, name)
         holders = _holders_seen(lock)
         if task_id and any(h["data"].get("task_id") == task_id for h in holders):
             return self._acquire_after_own_attempt(lock, name, task_id, hostname)
@@ -264,6 +286,8 @@ class SingletonTask(celery.Task):
             except BaseException:  # retries used up: this instance will not run, so it is not queued either
                 self._forget_marker(client, name, task_id)
                 raise
+        if self.on_conflict == "reschedule":
+            return self._reschedule(client, name, task_id, holders)
         self._forget_marker(client, name, task_id)
         if self.on_conflict == "raise":
             logger.info("task %s[%s] not run: %s is held by %s", self.name, task_id, name, holder)
@@ -293,7 +317,7 @@ class SingletonTask(celery.Task):
             if not own_attempt:
                 self._report_conflict(name, task_id, holders)
 
-        if lock.acquire(timeout=self.lock_timeout, on_wait=waiting):
+        if _acquire_despite_limit_changes(lock, self.lock_timeout, waiting):
             if own_attempt and task_id and _finished(self, task_id):
                 _release(lock, name, task_id, self.request.hostname or socket.gethostname())
                 logger.warning("task %s[%s]: duplicate delivery of a finished run; not run again", self.name, task_id)
@@ -315,6 +339,44 @@ class SingletonTask(celery.Task):
             lock_name=name,
             holder=_first(holders),
         )
+
+    def _reschedule(self, client: Client, name: str, task_id: str | None, holders: list[dict[str, Any]]) -> bool:
+        """``on_conflict="reschedule"``: send this task again, later, without counting a retry.
+
+        The message carries how often it was rescheduled and since when, so the
+        countdown doubles (with jitter) and the task gives up after ``reschedule_for``.
+        """
+        request = self.request
+        state = request.get(RESCHEDULED) or {}
+        count = int(state.get("count", 0))
+        since = float(state.get("since", time.time()))
+        holder = _describe(holders)
+        if time.time() - since >= self.reschedule_for:
+            self._forget_marker(client, name, task_id)
+            raise TaskLocked(
+                f"task {self.name}[{task_id}] gave up after being rescheduled {count} times over "
+                f"{self.reschedule_for:g}s: {name} is held by {holder}",
+                lock_name=name,
+                holder=_first(holders),
+            )
+        ceiling = min(self.reschedule_max_countdown, self.reschedule_countdown * 2**count)
+        countdown = ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter: tasks rescheduled together part ways
+        logger.info(
+            "task %s[%s] found %s held by %s; rescheduled in %.1fs (%d times so far)",
+            self.name,
+            task_id,
+            name,
+            holder,
+            countdown,
+            count,
+        )
+        if request.called_directly or request.is_eager:
+            raise TaskLocked(f"{name} is held by {holder} (an eager run cannot be rescheduled)", lock_name=name)
+        headers = {**(request.headers or {}), RESCHEDULED: {"count": count + 1, "since": since}}
+        # as Task.retry sends it (same task id, options and route), but with the retry count unchanged
+        again = self.signature_from_request(request, countdown=countdown, retries=request.retries, headers=headers)
+        again.apply_async()
+        raise Retry(exc=TaskLocked(f"{name} is held by {holder}", lock_name=name), when=countdown, sig=again)
 
     def _acquire_after_own_attempt(self, lock: TaskLock, name: str, task_id: str, hostname: str) -> bool:
         # The holder is an earlier attempt of this very task id: a message
@@ -375,7 +437,16 @@ class SingletonTask(celery.Task):
             raise
 
 
-class RWLockTask(SingletonTask):
+class SingletonTask(LimitedTask):
+    """A task of which one run (per key) happens at a time, cluster-wide: a ``LimitedTask`` of ``limit`` 1.
+
+    Its ``on_conflict`` is ``"skip"`` by default: a run that finds the lock taken does not run.
+    """
+
+    on_conflict = "skip"
+
+
+class RWLockTask(LimitedTask):
     """A task that runs under the read or write side of a named read-write lock."""
 
     on_conflict = "wait"
@@ -408,6 +479,35 @@ def singleton_task(fun: Callable[..., Any] | None = None, **options: Any) -> Any
     on that app, and the lock options of :class:`SingletonTask`.
     """
     return _decorator(fun, SingletonTask, options, "singleton_task")
+
+
+@overload
+def limited_task(fun: F) -> Any: ...
+@overload
+def limited_task(
+    *,
+    limit: int,
+    key: KeySpec = None,
+    lock_ttl: float | None = None,
+    on_conflict: str = "wait",
+    lock_timeout: float | None = None,
+    retry_countdown: float = 5.0,
+    reschedule_countdown: float = 1.0,
+    reschedule_max_countdown: float = 60.0,
+    reschedule_for: float = 3600.0,
+    hash_key: bool = False,
+    app: celery.Celery | None = None,
+    base: type[celery.Task] | None = None,
+    **options: Any,
+) -> Callable[[F], Any]: ...
+def limited_task(fun: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Register ``fun`` as a task of which at most ``limit`` runs (per key) happen at once, cluster-wide.
+
+    Takes the options of ``singleton_task``; ``on_conflict`` is ``"wait"`` by default.
+    """
+    if fun is not None or "limit" not in options:
+        raise TypeError("limited_task needs limit=: use @limited_task(limit=3, ...)")
+    return _decorator(None, LimitedTask, options, "limited_task")
 
 
 @overload
@@ -445,13 +545,13 @@ def rwlock_task(fun: Callable[..., Any] | None = None, **options: Any) -> Any:
 
 
 def _decorator(
-    fun: Callable[..., Any] | None, default_base: type[SingletonTask], options: dict[str, Any], what: str
+    fun: Callable[..., Any] | None, default_base: type[LimitedTask], options: dict[str, Any], what: str
 ) -> Any:
     app = options.pop("app", None)
     base = options.pop("base", None) or default_base
     if not isinstance(base, type) or not issubclass(base, celery.Task):
         raise TypeError(f"{what}(base=...) must be a celery Task subclass, not {base!r}")
-    if not issubclass(base, SingletonTask):
+    if not issubclass(base, LimitedTask):
         # keep the user's base behaviour and add the lock around it
         base = type(f"{default_base.__name__}{base.__name__}", (default_base, base), {})
     check_option_names(list(options), _CELERY_NAMES, what)
@@ -476,7 +576,7 @@ class _RunningLocks(threading.local):
     """The locks held by the task runs of this thread (a stack: tasks may call tasks)."""
 
     def __init__(self) -> None:
-        self.stack: list[tuple[SingletonTask, TaskLock]] = []
+        self.stack: list[tuple[LimitedTask, TaskLock]] = []
 
 
 _running = _RunningLocks()
@@ -498,6 +598,23 @@ def _release(lock: TaskLock, name: str, task_id: str | None, hostname: str) -> N
         )
     else:
         logger.debug("task %s on %s released %s", task_id, hostname, name)
+
+
+def _acquire_despite_limit_changes(
+    lock: TaskLock, timeout: float | None, on_wait: Callable[[QueueState], None]
+) -> bool:
+    """A waiting acquire that outlasts a deploy changing a semaphore's limit: while participants with the
+    old limit remain, the new ones are refused; retry once a TTL until they are gone, or the timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return lock.acquire(timeout=remaining, on_wait=on_wait)
+        except LimitMismatch as exc:
+            if remaining == 0:
+                return False
+            logger.warning("%s; trying again in %ss", exc, lock.ttl)
+            time.sleep(min(lock.ttl, remaining if remaining is not None else lock.ttl))
 
 
 def _holders_seen(lock: TaskLock) -> list[dict[str, Any]]:
@@ -522,7 +639,7 @@ def _describe(holders: list[dict[str, Any]]) -> str:
     return ", ".join(described)
 
 
-def _finished(task: SingletonTask, task_id: str, patience: float = 2.0) -> bool:
+def _finished(task: LimitedTask, task_id: str, patience: float = 2.0) -> bool:
     """Whether the result backend has (or within ``patience`` seconds gets) a final state for ``task_id``.
 
     A run releases its lock just before its worker stores the result, so a
@@ -559,7 +676,7 @@ def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any)
     This runs in the worker's consumer, which must never wait for etcd: the delete is
     handed to a background thread (a marker that is not deleted expires anyway).
     """
-    if not isinstance(sender, SingletonTask) or not sender.dedupe_enqueue or request is None or not request.id:
+    if not isinstance(sender, LimitedTask) or not sender.dedupe_enqueue or request is None or not request.id:
         return
     with contextlib.suppress(Exception):  # never fail the worker's revoke handling
         name = sender.lock_name_for(tuple(request.args or ()), dict(request.kwargs or {}))

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import redis
 from celery import Celery
 
-from celery_etcdlock.tasks import SingletonTask, rwlock_task, singleton_task
+from celery_etcdlock.tasks import LimitedTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 ETCD_URL = os.environ.get("ETCDLOCK_TEST_ETCD_URL", "etcd://127.0.0.1:2379?prefix=/etcdlock-taskapp")
 REDIS_URL = os.environ.get("ETCDLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -188,6 +188,11 @@ def process_info(self: SingletonTask, tag: str, seconds: float = 0.5) -> dict[st
     }
     body(tag, seconds, self)
     return info
+
+
+@limited_task(app=app, bind=True, limit=2, key=["tag"])
+def limited_task_of_two(self: LimitedTask, tag: str, seconds: float = 1.0) -> float:
+    return body(tag, seconds, self)
 
 
 @app.task

@@ -22,7 +22,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_etcdlock import LockLost, Mutex, RWLock, TaskLocked
 from celery_etcdlock.keys import encode_name
-from celery_etcdlock.tasks import RWLockTask, SingletonTask, rwlock_task, singleton_task
+from celery_etcdlock.tasks import RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 from tests.servers import RedisServer
 
 app = celery.Celery("inproc", set_as_current=False)
@@ -597,3 +597,87 @@ def test_an_expired_message_never_stalls_the_consumer_while_etcd_is_down(broker:
         assert doomed.state == "REVOKED"
     finally:
         app.conf.update(previous)
+
+
+# -- limited tasks and reschedule -------------------------------------------------------------------
+
+inside = {"now": 0, "most": 0}
+inside_lock = threading.Lock()
+
+
+@limited_task(app=app, limit=2, key=["pool"], bind=True)
+def limited(self: Any, pool: str) -> int:
+    with inside_lock:
+        inside["now"] += 1
+        inside["most"] = max(inside["most"], inside["now"])
+    try:
+        assert gate.wait(30)
+        return self.lock.token
+    finally:
+        with inside_lock:
+            inside["now"] -= 1
+
+
+def test_limited_task_runs_at_most_limit_at_once_and_all_of_them(threads_worker: Any) -> None:
+    from tests.servers import wait_until
+
+    inside.update(now=0, most=0)
+    pool = uuid.uuid4().hex
+    handles = [limited.delay(pool) for _ in range(5)]
+    wait_until(lambda: inside["now"] == 2, 30, "two runs inside")
+    queue = f"semaphores/{encode_name(limited.lock_name_for((pool,)))}"
+    # the worker runs 4 at a time: 2 inside, 2 waiting in the semaphore's queue
+    wait_until(lambda: len(limited_client().backend.read_queue(queue).entries) == 4, 30, "two runs waiting")
+    assert inside["now"] == 2
+    gate.set()
+    tokens = [h.get(timeout=60) for h in handles]
+    assert inside["most"] == 2, f"{inside['most']} runs were inside a limit of 2"
+    assert len(set(tokens)) == 5
+
+
+def limited_client() -> Any:
+    from celery_etcdlock.settings import client_for
+
+    return client_for(app)
+
+
+@singleton_task(app=app, bind=True, key=["n"], on_conflict="reschedule", max_retries=0,
+                reschedule_countdown=0.2, reschedule_max_countdown=0.4)  # fmt: skip
+def rescheduled(self: Any, n: int) -> dict[str, Any]:
+    return {"retries": self.request.retries, "rescheduled": (self.request.get("etcdlock_rescheduled") or {})}
+
+
+def test_reschedule_requeues_without_counting_a_retry(threads_worker: Any, etcd: Any) -> None:
+    from tests.servers import wait_until
+
+    holder = Mutex(etcd, rescheduled.lock_name_for((1,)), ttl=5)
+    assert holder.acquire(timeout=5)
+    handle = rescheduled.delay(1)
+    # rescheduled again and again while the lock is held, although max_retries=0 allows no retry
+    wait_until(lambda: _rescheduled.get(handle.id, 0) >= 2, 30, "two reschedules")
+    assert handle.state == "RETRY" and isinstance(handle.info, TaskLocked)
+    holder.release()
+    result = handle.get(timeout=30)
+    assert result["retries"] == 0  # never counted as a retry: with max_retries=0 a retry would have failed
+    assert result["rescheduled"]["count"] >= 2
+
+
+_rescheduled: dict[str, int] = {}  # task id -> how often the worker saw it rescheduled (a RETRY state)
+
+
+@celery.signals.task_retry.connect(weak=False)
+def _count_reschedules(request: Any = None, **_: Any) -> None:
+    if request is not None:
+        _rescheduled[request.id] = _rescheduled.get(request.id, 0) + 1
+
+
+@singleton_task(app=app, key=["n"], on_conflict="reschedule", reschedule_countdown=0.2, reschedule_for=1)
+def give_up(n: int) -> str:
+    return "ran"
+
+
+def test_reschedule_gives_up_after_reschedule_for(threads_worker: Any, etcd: Any) -> None:
+    with Mutex(etcd, give_up.lock_name_for((1,)), ttl=5):
+        handle = give_up.delay(1)
+        with pytest.raises(TaskLocked, match="gave up after being rescheduled"):
+            handle.get(timeout=30, propagate=True)

@@ -45,11 +45,11 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
 class Worker:
     """A real ``celery worker`` process and what a test needs to observe it."""
 
-    def __init__(self, etcd_url: str, redis_url: str) -> None:
+    def __init__(self, etcd_url: str, redis_url: str, concurrency: int = 2) -> None:
         self.etcd_url = etcd_url
         self.redis_url = redis_url
         self.proc = Proc.module(
-            "celery", "-A", "tests.taskapp", "worker", "--pool=prefork", "--concurrency=2", "-O", "fair",
+            "celery", "-A", "tests.taskapp", "worker", "--pool=prefork", f"--concurrency={concurrency}", "-O", "fair",
             "-l", "info", "--without-mingle", "--without-gossip", "-n", f"taskworker-{uuid.uuid4().hex[:6]}@%h",
             env={"ETCDLOCK_TEST_ETCD_URL": etcd_url, "ETCDLOCK_TEST_REDIS_URL": redis_url},
             name="celery-worker",
@@ -363,3 +363,17 @@ def test_soft_time_limit_releases_the_lock(worker: Worker, tag: str) -> None:
     with pytest.raises(SoftTimeLimitExceeded):
         handle.get(timeout=RESULT_TIMEOUT)
     assert worker.holders(taskapp.soft_limit_task.lock_name_for((tag,))) == []
+
+
+# -- at most N at once -------------------------------------------------------------------
+
+
+def test_limited_task_of_two_on_five_children_runs_two_at_once_and_all_of_them(worker: Worker, tag: str) -> None:
+    wide = Worker(worker.etcd_url, worker.redis_url, concurrency=5)  # five children: only the limit holds them back
+    try:
+        handles = [taskapp.limited_task_of_two.delay(tag, 1.0) for _ in range(6)]
+        assert results(handles) == [1.0] * 6  # all of them ran (they waited for a slot)
+        assert max_concurrency(tag) == 2, "more than the limit ran at once, or the limit was never reached"
+        assert len({e["token"] for e in events(tag, "start")}) == 6
+    finally:
+        wide.stop()
