@@ -1,4 +1,5 @@
-"""The v2 backend's answers to mistakes it cannot retry away, against a real etcd 3.4 with v2.
+"""What only the v2 backend does, against a real etcd 3.4 with v2: its event window, its queue
+directories, and its answers to mistakes it cannot retry away.
 
 - a request too large for etcd: v2 puts the key in the URL, and etcd's plain-HTTP client port
   resets a connection whose request line is over 4096 bytes (it reads that much to tell HTTP/1
@@ -8,16 +9,22 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import threading
 import uuid
 from typing import Any
 
 import pytest
 
+from celery_etcdlock import Mutex
+from celery_etcdlock.backends.base import WaitResult
 from celery_etcdlock.backends.etcd2 import Etcd2Backend
 from celery_etcdlock.connect import parse_url
 from celery_etcdlock.errors import BackendError, BackendUnavailable, UnsupportedServer
+from celery_etcdlock.keys import LOCKS
 
-from .servers import EtcdServer
+from .servers import EtcdServer, wait_until
 
 
 def make(url: str, **kwargs: Any) -> Etcd2Backend:
@@ -50,3 +57,68 @@ def test_the_peer_port_is_named(etcd_server: EtcdServer) -> None:
     expected = f"127.0.0.1:{etcd_server.peer_port} is etcd's peer port; use the client port, usually 2379"
     with pytest.raises(UnsupportedServer, match=f"{expected}.*{etcd_server.client_url}"):
         b.read_queue("locks/q")
+
+
+# -- v2's event window and directories, seen through a Mutex --------------------------------------
+
+
+@pytest.mark.parametrize("api", ["v2"])
+def test_watch_from_a_cleared_index_is_stale(client):
+    """v2 keeps 1000 events: a watch from an older index must say so, not hang or fail."""
+    lock = Mutex(client, "cleared", ttl=5)
+    lock.acquire()
+    snapshot = client.backend.read_queue(lock.queue)
+    _make_noise(client, 1100)
+    result = client.backend.wait_gone(snapshot.entries[0], snapshot.revision, timeout=2)
+    assert result is WaitResult.STALE
+    lock.release()
+
+
+@pytest.mark.parametrize("api", ["v2"])
+def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
+    """More than 1000 events while a waiter waits: its next watch gets error 401 and it reads again."""
+    caplog.set_level(logging.DEBUG, logger="celery_etcdlock.queue")
+    holder = Mutex(client, "cleared", ttl=1)
+    holder.acquire()
+    waiter = Mutex(client, "cleared", ttl=1)
+    acquired = threading.Event()
+    thread = threading.Thread(target=lambda: waiter.acquire(timeout=60) and acquired.set())
+    thread.start()
+    wait_until(lambda: sum(map(len, client.backend.list_queues(LOCKS).values())) == 2, 10)
+    # keep writing until the waiter's watch chunk lapses and its next watch finds the index cleared
+    wait_until(lambda: _make_noise(client, 200) or "cannot watch from index" in caplog.text, 60)
+    holder.release()
+    assert acquired.wait(20), "the waiter did not recover from the cleared event index"
+    thread.join(5)
+    waiter.release()
+
+
+_noise = itertools.count()
+
+
+def _make_noise(client, events: int) -> None:
+    for _ in range(events):
+        i = next(_noise)
+        client.backend.put_record(f"records/noise/{i}", {"i": i}, expect=None, ttl=30)
+
+
+@pytest.mark.parametrize("api", ["v2"])
+def test_an_unused_queue_directory_is_removed(client):
+    """v2 queues are directories, which outlive their last entry (v3 queues are key ranges)."""
+    from celery_etcdlock import session
+
+    with Mutex(client, "per-customer/42", ttl=5) as lock:
+        queue = lock.queue
+    # the release leaves an empty v2 directory; the renewer removes it once it stays unused
+    wait_until(lambda: client.backend.get_record(queue) is None and _dir_gone(client, queue), session.TIDY_DELAY + 10)
+
+
+def _dir_gone(client, queue) -> bool:
+    import etcd
+
+    raw = etcd.Client(*client.options.endpoints[0])
+    try:
+        raw.read(f"{client.prefix}/{queue}")
+    except etcd.EtcdKeyNotFound:
+        return True
+    return False

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from celery_etcdlock import retry
+from celery_etcdlock import Mutex, connect, retry
 from celery_etcdlock.backends.base import Entry, Lease, LeaseExpired, WaitResult
 from celery_etcdlock.backends.etcd3 import Etcd3Backend, V3Lease
 from celery_etcdlock.connect import parse_url
+from celery_etcdlock.keys import LOCKS, encode_name
 
 from .servers import EtcdServer, free_port, wait_until
 from .test_gateway import count_requests
@@ -430,3 +431,40 @@ def test_after_fork_the_child_uses_connections_of_its_own(backend: Etcd3Backend)
     proc.join(30)
     assert proc.exitcode == 0
     assert backend.read_queue("locks/q").entries == [entry]  # the parent's connections still work
+
+
+# -- leases, seen through a Mutex ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["v3"])
+def test_a_key_left_on_a_live_lease_is_cleaned_up(client):
+    """A key no lock owns (a failed delete, an interrupted join) must not live as long as the lease.
+
+    (v2 keys have TTLs of their own: one nobody refreshes expires.)
+    """
+    keeper = Mutex(client, "keeper", ttl=2)
+    keeper.acquire()  # keeps the session's lease alive throughout
+    session = client.session(2.0)
+    lease = next(lease.handle for lease in session._leases if lease.skeys)
+    client.backend.join_queue(f"{LOCKS}/{encode_name('orphaned')}", {"mode": "write"}, lease)
+    late = Mutex(client, "orphaned", ttl=2)
+    assert late.acquire(timeout=10), "the stray entry kept blocking the queue"
+    late.release()
+    assert keeper.held
+    keeper.release()
+
+
+@pytest.mark.parametrize("api", ["v3"])
+def test_a_lock_whose_lease_is_revoked_says_so(own_etcd):
+    client = connect(own_etcd.url(prefix="/revoked"))
+    try:
+        lost = threading.Event()
+        revoked = Mutex(client, "revoked", ttl=3, on_lost=lambda lock: lost.set())
+        assert revoked.acquire(timeout=5)
+        lease_id = str(revoked._held.lease.handle.lease_id)
+        assert own_etcd.v3("kv/lease/revoke", {"ID": lease_id})[0] == 200
+        assert lost.wait(10)
+        assert revoked.lost_cause == "revoked" and "revoked" in (revoked.lost_reason or "")
+        revoked.release()
+    finally:
+        client.close()
