@@ -292,46 +292,51 @@ def etcdlock(ctx: click.Context) -> None:
     """Locks, queues and beat leaders kept in etcd by celery_etcdlock."""
 
 
+watch_option = click.option(
+    "--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS."
+)
+
+
 @etcdlock.command(cls=CeleryCommand)
 @json_option
 @timeout_option
-@click.option("--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS.")
+@watch_option
 @click.pass_context
 def locks(ctx: click.Context, as_json: bool, interval: float | None, timeout: float) -> None:
-    """List held locks: name, holder task id and host, token, TTL left, waiters."""
-    client = _client(ctx, timeout)
-
-    def show() -> None:
-        with _etcd_errors():
-            states = list_locks(client)
-        if as_json:
-            click.echo(_json([{**asdict(s), "kind": getattr(s, "kind", "election")} for s in states]))
-        elif states:
-            click.echo(locks_table(states))
-        else:
-            click.echo("No lock is held.")
-
-    _repeat(show, interval)
+    """List held locks and semaphores: name, holder task id and host, token, TTL left, waiters."""
+    _show(_client(ctx, timeout), list_locks, locks_table, "No lock is held.", as_json, interval)
 
 
 @etcdlock.command(cls=CeleryCommand)
 @json_option
 @timeout_option
-@click.option("--watch", "interval", type=float, default=None, metavar="SECONDS", help="Redraw every SECONDS.")
+@watch_option
 @click.pass_context
 def leader(ctx: click.Context, as_json: bool, interval: float | None, timeout: float) -> None:
     """Show the beat leader (and every other election) with its standby candidates."""
-    client = _client(ctx, timeout)
+    empty = "No leader: no beat (or other election) is running."
+    _show(_client(ctx, timeout), list_elections, elections_table, empty, as_json, interval)
+
+
+def _show(
+    client: Client,
+    read: Callable[[Client], Sequence[Any]],
+    table: Callable[[Sequence[Any]], str],
+    empty: str,
+    as_json: bool,
+    interval: float | None,
+) -> None:
+    """Print what ``read`` finds, as ``table`` (or JSON), once or every ``interval`` seconds."""
 
     def show() -> None:
         with _etcd_errors():
-            states = list_elections(client)
+            states = read(client)
         if as_json:
             click.echo(_json([{**asdict(s), "kind": getattr(s, "kind", "election")} for s in states]))
         elif states:
-            click.echo(elections_table(states))
+            click.echo(table(states))
         else:
-            click.echo("No leader: no beat (or other election) is running.")
+            click.echo(empty)
 
     _repeat(show, interval)
 

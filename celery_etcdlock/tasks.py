@@ -317,21 +317,12 @@ class LimitedTask(celery.Task):
             if not own_attempt:
                 self._report_conflict(name, task_id, holders)
 
-        if _acquire_despite_limit_changes(lock, self.lock_timeout, waiting):
-            if own_attempt and task_id and _finished(self, task_id):
-                _release(lock, name, task_id, self.request.hostname or socket.gethostname())
-                logger.warning("task %s[%s]: duplicate delivery of a finished run; not run again", self.name, task_id)
-                raise Ignore()
+        acquired = _acquire_despite_limit_changes(lock, self.lock_timeout, waiting)
+        if own_attempt and task_id:
+            return self._run_unless_a_duplicate(acquired, lock, name, task_id)
+        if acquired:
             return True
         holders = _holders_seen(lock)
-        if own_attempt:
-            logger.warning(
-                "task %s[%s]: duplicate delivery while the first delivery still runs and holds %s; not run",
-                self.name,
-                task_id,
-                name,
-            )
-            raise Ignore()
         self._forget_marker(client, name, task_id)
         raise TaskLocked(
             f"task {self.name}[{task_id}] gave up waiting for {name} after {self.lock_timeout}s; "
@@ -391,11 +382,15 @@ class LimitedTask(celery.Task):
             name,
             lock.ttl,
         )
-        if lock.acquire(timeout=float(lock.ttl) + 1.0):
-            if not _finished(self, task_id):
-                return True
-            _release(lock, name, task_id, hostname)
-            logger.warning("task %s[%s]: duplicate delivery of a finished run; not run", self.name, task_id)
+        return self._run_unless_a_duplicate(lock.acquire(timeout=float(lock.ttl) + 1.0), lock, name, task_id)
+
+    def _run_unless_a_duplicate(self, acquired: bool, lock: TaskLock, name: str, task_id: str) -> bool:
+        """After waiting behind an earlier delivery of this very task id: run only if that one did not finish."""
+        if acquired and not _finished(self, task_id):
+            return True
+        if acquired:
+            _release(lock, name, task_id, self.request.hostname or socket.gethostname())
+            logger.warning("task %s[%s]: duplicate delivery of a finished run; not run again", self.name, task_id)
         else:
             logger.warning(
                 "task %s[%s]: duplicate delivery while the first delivery still runs and holds %s; not run",

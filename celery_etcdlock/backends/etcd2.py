@@ -412,16 +412,21 @@ class Etcd2Backend(Backend):
             wait_index = int(node["modifiedIndex"]) + 1
 
     def delete_entry(self, entry: Entry) -> bool:
+        return self._delete(entry.key, {"prevValue": entry.raw})
+
+    def _delete(self, key: str, guard: dict[str, Any]) -> bool:
+        """DELETE ``key`` if ``guard`` (prevValue / prevIndex) still holds; False if it was gone or changed."""
+
         def delete() -> bool:
             try:
-                self._request("DELETE", entry.key, {"prevValue": entry.raw})
+                self._request("DELETE", key, guard)
             except _Failure as exc:
                 if exc.code in (_NOT_FOUND, _COMPARE_FAILED):
                     return False
                 raise
             return True
 
-        return self._retrying(f"delete {entry.key}", delete)
+        return self._retrying(f"delete {key}", delete)
 
     def forget_queue(self, queue: str) -> None:
         try:
@@ -501,18 +506,7 @@ class Etcd2Backend(Backend):
         return self._retrying(f"write {key}", put)
 
     def delete_record(self, key: str, expect: Record | None = None) -> bool:
-        params = {"prevIndex": expect.version} if expect is not None else {}
-
-        def delete() -> bool:
-            try:
-                self._request("DELETE", key, params)
-            except _Failure as exc:
-                if exc.code in (_NOT_FOUND, _COMPARE_FAILED):
-                    return False
-                raise
-            return True
-
-        return self._retrying(f"delete {key}", delete)
+        return self._delete(key, {"prevIndex": expect.version} if expect is not None else {})
 
     # -- process life -------------------------------------------------------
 
