@@ -549,3 +549,19 @@ def test_a_lost_lock_says_why(own_etcd):
         late.release()
     finally:
         client.close()
+
+
+def test_deadlines_run_on_a_clock_that_counts_suspended_time(client):
+    """etcd's clock runs on while a host or VM is suspended; the holder's deadline must too (CLOCK_BOOTTIME)."""
+    import sys
+
+    from celery_etcdlock import clock, retry, session
+
+    if sys.platform.startswith("linux"):
+        assert clock.SUSPEND_AWARE
+        assert abs(clock.now() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1
+    assert session.clock is clock and retry.clock is clock  # the session's deadlines and the renewals' budget
+    lock = Mutex(client, "suspend", ttl=5)
+    assert lock.acquire(timeout=5)
+    assert clock.now() < lock._held.lease.deadline <= clock.now() + 5
+    lock.release()
