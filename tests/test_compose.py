@@ -13,7 +13,9 @@ import glob
 import importlib
 import importlib.util
 import os
+import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,11 @@ from celery.utils.imports import symbol_by_name
 
 from celery_etcdlock.beat import LeaderScheduler
 from celery_etcdlock.connect import parse_url
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -133,17 +140,30 @@ def test_workers_and_beats_are_built_from_the_example_and_point_at_the_stack(ser
             assert needed in service["depends_on"], f"{name} does not wait for {needed}"
 
 
-def test_the_dockerfile_installs_the_package_and_copies_files_that_exist():
+def dockerfile_instructions() -> list[tuple[str, str]]:
     text = (REPO / "examples" / "Dockerfile").read_text().replace("\\\n", " ")
-    instructions = [line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return [(word.upper(), rest) for word, rest in (line.split(None, 1) for line in lines)]
+
+
+def test_the_dockerfile_installs_the_package_with_the_redis_extra_and_copies_files_that_exist():
+    instructions = dockerfile_instructions()
     copies = [rest.split() for word, rest in instructions if word == "COPY"]
     assert copies
     for *sources, _destination in copies:
         found = [path for source in sources for path in glob.glob(str(REPO / source))]
         assert found, f"COPY {sources}: nothing in the repository matches"
-    assert any(word == "RUN" and "pip install ." in rest for word, rest in instructions)
+    installs = [shlex.split(rest) for word, rest in instructions if word == "RUN" and "pip install" in rest]
+    assert [argv[argv.index("install") + 1 :] for argv in installs] == [[".[redis]"]], installs
+    # Building the package reads pyproject.toml and the files it names: all must be in the image.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     copied = {source.rstrip("*") for *sources, _ in copies for source in sources}
-    assert {"celery_etcdlock", "examples", "setup.cfg", "pyproject.toml"} <= copied
+    assert {"celery_etcdlock", "examples", "pyproject.toml", project["readme"], *project["license-files"]} <= copied
+
+
+def test_the_dockerfile_starts_from_a_pinned_python():
+    (base,) = [rest for word, rest in dockerfile_instructions() if word == "FROM"]
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+", base), f"FROM {base}: pin a patch version and a Debian release"
 
 
 @pytest.mark.parametrize("name", WORKERS)
