@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.procs import Proc, kill_all
-from tests.servers import EtcdServer, RedisServer
+from tests.support import EtcdServer, RedisServer
 
 ALL_APIS = ("v2", "v3")
 _BACKEND_MODULES = {"v2": "celery_etcdlock.backends.etcd2", "v3": "celery_etcdlock.backends.etcd3"}
@@ -190,8 +190,7 @@ REDIS_TEST_DB = 1
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """``redis://127.0.0.1:<port>/1``, flushed (all dbs) before the test."""
-    reply = redis_server.command("FLUSHALL")
-    assert reply == b"+OK", f"FLUSHALL on {redis_server!r}: {reply!r}"
+    assert redis_server.client().flushall(), f"FLUSHALL on {redis_server!r} failed"
     return redis_server.url(REDIS_TEST_DB)
 
 

@@ -12,7 +12,7 @@ import redis
 
 from celery_etcdlock.connect import parse_url
 from tests.procs import Proc, ProcFailed
-from tests.servers import APP_PASSWORD, APP_USER, ROOT_PASSWORD, ROOT_USER, EtcdServer, wait_until
+from tests.support import APP_PASSWORD, APP_USER, ROOT_PASSWORD, ROOT_USER, EtcdServer, RedisServer, wait_until
 
 
 def b64(text: str) -> str:
@@ -184,6 +184,16 @@ def test_redis_answers_and_is_flushed_per_test(redis_url: str) -> None:
     assert r.dbsize() == 0
     r.set("smoke", "1")
     assert r.get("smoke") == b"1"
+
+
+def test_redis_restarts_on_its_port_and_the_client_reconnects() -> None:
+    with RedisServer() as server:
+        port = server.port
+        server.client().set("k", "v")
+        server.restart()
+        assert server.port == port
+        assert server.client().ping()
+        assert server.client().get("k") is None  # no persistence: a fresh server
 
 
 # -- subprocesses ------------------------------------------------------------------------------

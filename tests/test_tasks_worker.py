@@ -26,7 +26,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery_etcdlock import LockLost, Mutex, TaskLocked, connect
 from tests import taskapp
 from tests.procs import Proc
-from tests.servers import RedisServer
+from tests.support import RedisServer
 
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 
