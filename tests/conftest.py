@@ -5,7 +5,6 @@ A test that asks for ``etcd_url``, ``client`` or ``own_etcd`` runs once per etcd
 - ``[v2]``: the v2 keys API (``etcd://``) of etcd 3.4 started with ``--enable-v2``;
 - ``[v3]``: the v3 API (``etcd3://``) of etcd 3.5 started without v2.
 
-An API whose backend module does not import yet is skipped, with the import error as reason.
 ``ETCDLOCK_TEST_APIS=v2`` (a comma list) runs only those APIs. A test can pin the API itself:
 ``@pytest.mark.parametrize("api", ["v2"])``.
 
@@ -14,7 +13,6 @@ When a test fails, the tail of every etcd log it used is added to its report.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import uuid
@@ -27,7 +25,6 @@ from tests.procs import Proc, kill_all
 from tests.support import EtcdServer, RedisServer
 
 ALL_APIS = ("v2", "v3")
-_BACKEND_MODULES = {"v2": "celery_etcdlock.backends.etcd2", "v3": "celery_etcdlock.backends.etcd3"}
 # What each API is tested against: (etcd version, enable_v2).
 _SERVER_KIND = {"v2": ("3.4", True), "v3": ("3.5", False)}
 
@@ -43,24 +40,6 @@ def _selected_apis() -> list[str]:
     if unknown:
         raise pytest.UsageError(f"ETCDLOCK_TEST_APIS: unknown API {unknown}; known: {', '.join(ALL_APIS)}")
     return apis
-
-
-def _backend_missing(api: str) -> str | None:
-    """Why the backend of ``api`` cannot be tested (its import error), or None."""
-    try:
-        importlib.import_module(_BACKEND_MODULES[api])
-    except Exception as exc:  # an unfinished backend may fail in any way
-        return f"{api} backend not available yet: import {_BACKEND_MODULES[api]} failed: {type(exc).__name__}: {exc}"
-    return None
-
-
-def _api_params() -> list[Any]:
-    params = []
-    for api in _selected_apis():
-        reason = _backend_missing(api)
-        marks = [pytest.mark.skip(reason=reason)] if reason else []
-        params.append(pytest.param(api, marks=marks, id=api))
-    return params
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -112,7 +91,7 @@ def _track(request: pytest.FixtureRequest, server: EtcdServer) -> None:
 # -- per-test etcd -----------------------------------------------------------------------------
 
 
-@pytest.fixture(params=_api_params())
+@pytest.fixture(params=_selected_apis())
 def api(request: pytest.FixtureRequest) -> str:
     """ "v2" or "v3": which etcd API this run of the test uses."""
     return str(request.param)
