@@ -13,9 +13,9 @@ does the rest, the same way for etcd and Redis:
     server.close()       stop and remove the temp dir
     server.log_tail()    the last lines of its output, for error messages and failure reports
 
-mirakuru starts the process in a session of its own, polls ``ready()`` until a deadline,
-notices an early exit, and its atexit hook kills any process it started that is still alive.
-Ours removes the temp dirs (etcd preallocates 64 MB of WAL in each).
+mirakuru starts the process in a session of its own, polls ``ready()`` until a deadline and
+notices an early exit. At exit, ours kills every server still running and removes the temp
+dirs (etcd preallocates 64 MB of WAL in each).
 """
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ class ServerError(RuntimeError):
 
 _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 _dirs: set[Path] = set()
+
+
+# mirakuru's own exit hook kills every process whose mirakuru_uuid variable *contains* our pid
+# as a substring: in another test run at the same time, pid 51234 or a uuid with "1234" in
+# it would match our pid 1234. Ours kills exactly the servers we started.
+atexit.unregister(mirakuru.base.cleanup_subprocesses)
 
 
 @atexit.register
