@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import EtcdServer, RedisServer  # noqa: E402
+from tests.support import EtcdServer, RedisServer  # noqa: E402
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 LEADING = re.compile(r"beat (\S+): leading beat/")

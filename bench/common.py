@@ -17,7 +17,7 @@ Inside a worker, a task function may call ``emit(...)`` to report progress to th
 main process, ``inbox(timeout)`` to receive what it ``send()``s, and read the
 shared multiprocessing values the pool was made with through ``shared()``.
 
-The servers are the tests' own (tests/servers.py's EtcdServer and RedisServer:
+The servers are the tests' own (tests/support's EtcdServer and RedisServer:
 real processes on free 127.0.0.1 ports, each in a fresh temp dir); this module
 only adds what the benchmarks measure with. Nothing here mocks anything.
 """
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.servers import HOST, EtcdServer, RedisServer, ServerError
+from tests.support import HOST, EtcdServer, RedisServer, ServerError
 
 # -- /metrics ----------------------------------------------------------------------------------
 
@@ -83,12 +83,12 @@ class Metrics:
 
 
 # -- servers -----------------------------------------------------------------------------------
-# The processes are tests/servers.py's (free ports, temp dirs, health checks, a clean stop, an
+# The processes are tests/support's (free ports, temp dirs, health checks, a clean stop, an
 # atexit safety net); the wrappers add only what the benchmarks measure with.
 
 
 class BenchEtcd:
-    """A tests.servers.EtcdServer serving one API, as the benchmarks use it.
+    """A tests.support.EtcdServer serving one API, as the benchmarks use it.
 
     ``requests_metric`` names the server-side counter of client requests this
     version exposes for the API served: etcd_http_received_total (the v2 keys
@@ -121,7 +121,7 @@ class BenchEtcd:
         return self
 
     def metrics(self) -> Metrics:
-        # tests.servers scrapes with urllib, not urllib3: scrapes stay out of the client-side request counts
+        # tests.support scrapes with urllib, not urllib3: scrapes stay out of the client-side request counts
         return Metrics(self.server.metrics())
 
     def revoke_all_leases(self) -> int:
@@ -142,7 +142,7 @@ class BenchEtcd:
 
 
 class BenchRedis:
-    """A tests.servers.RedisServer; ``commands()``: server-side commands processed so far."""
+    """A tests.support.RedisServer; ``commands()``: server-side commands processed so far."""
 
     def __init__(self) -> None:
         self.server = RedisServer()

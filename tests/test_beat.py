@@ -38,7 +38,7 @@ from celery_etcdlock import Election, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
 from celery_etcdlock.cli import list_elections
 from celery_etcdlock.store import DocumentStore
-from tests.servers import EtcdServer, wait_until
+from tests.support import EtcdServer, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).with_name("celery"))

@@ -23,7 +23,7 @@ from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner, Result
 
 from tests.procs import REPO_ROOT, Proc
-from tests.servers import free_port
+from tests.support import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

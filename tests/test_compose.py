@@ -40,7 +40,7 @@ from celery.utils.imports import symbol_by_name
 from celery_etcdlock.beat import LeaderScheduler
 from celery_etcdlock.connect import parse_url
 from celery_etcdlock.options import DEFAULT_TIMEOUT
-from tests.servers import etcd_binary, free_port
+from tests.support import etcd_binary, free_port
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -16,7 +16,7 @@ from celery_etcdlock import (
     singleton_task,
 )
 from celery_etcdlock.options import MAX_SECONDS, check_timeout, check_ttl, parse_url, redact
-from tests.servers import EtcdServer, free_port
+from tests.support import EtcdServer, free_port
 
 
 def test_parse_full_url(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from celery_etcdlock import Election, InvalidUse, LeaderEvent
 from celery_etcdlock.keys import ELECTIONS, queue_key
 from tests.agents import agent, walls
-from tests.servers import wait_until
+from tests.support import wait_until
 
 
 def test_campaign_resign_and_leader(client):

@@ -23,8 +23,7 @@ from celery_etcdlock.backends.etcd2 import Etcd2Backend
 from celery_etcdlock.connect import parse_url
 from celery_etcdlock.errors import BackendError, BackendUnavailable, UnsupportedServer
 from celery_etcdlock.keys import LOCKS
-
-from .servers import EtcdServer, wait_until
+from tests.support import EtcdServer, wait_until
 
 
 def make(url: str, **kwargs: Any) -> Etcd2Backend:

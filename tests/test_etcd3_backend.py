@@ -26,8 +26,8 @@ from celery_etcdlock.backends.base import Entry, Lease, LeaseExpired, WaitResult
 from celery_etcdlock.backends.etcd3 import Etcd3Backend, V3Lease
 from celery_etcdlock.connect import parse_url
 from celery_etcdlock.keys import LOCKS, encode_name
+from tests.support import EtcdServer, free_port, wait_until
 
-from .servers import EtcdServer, free_port, wait_until
 from .test_gateway import count_requests
 
 

@@ -32,8 +32,16 @@ from celery_etcdlock.backends.etcd3 import Etcd3Backend
 from celery_etcdlock.backends.gateway import Failure, Gateway
 from celery_etcdlock.connect import parse_url
 from celery_etcdlock.errors import AuthenticationFailed, BackendError, BackendUnavailable, UnsupportedServer
-
-from .servers import APP_PASSWORD, APP_USER, ROOT_PASSWORD, ROOT_USER, EtcdServer, RedisServer, free_port, wait_until
+from tests.support import (
+    APP_PASSWORD,
+    APP_USER,
+    ROOT_PASSWORD,
+    ROOT_USER,
+    EtcdServer,
+    RedisServer,
+    free_port,
+    wait_until,
+)
 
 # -- helpers ------------------------------------------------------------------------------------
 

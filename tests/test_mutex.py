@@ -11,7 +11,7 @@ import pytest
 from celery_etcdlock import Election, InvalidUse, LockLost, Mutex, NotHeld, RWLock, connect
 from celery_etcdlock.keys import LOCKS, encode_name
 from tests.agents import agent, walls
-from tests.servers import wait_until
+from tests.support import wait_until
 
 
 def test_acquire_release_and_token(client):

@@ -9,7 +9,7 @@ import pytest
 from celery_etcdlock import Mutex, RWLock
 from celery_etcdlock.keys import LOCKS
 from tests.agents import agent
-from tests.servers import wait_until
+from tests.support import wait_until
 
 
 def queued(client) -> int:

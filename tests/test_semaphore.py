@@ -11,7 +11,7 @@ import pytest
 from celery_etcdlock import LimitMismatch, Semaphore
 from celery_etcdlock.keys import SEMAPHORES
 from tests.procs import Proc
-from tests.servers import wait_until
+from tests.support import wait_until
 
 # A process that takes a slot in a loop and counts, in a shared file under flock, how many are inside.
 INSIDE = """

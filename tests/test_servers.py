@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import json
+import os
 import threading
 from urllib import request as urlrequest
 
@@ -10,17 +12,37 @@ import etcd
 import pytest
 import redis
 
+from celery_etcdlock import Mutex, connect
 from celery_etcdlock.connect import parse_url
 from tests.procs import Proc, ProcFailed
-from tests.servers import APP_PASSWORD, APP_USER, ROOT_PASSWORD, ROOT_USER, EtcdServer, wait_until
+from tests.support import (
+    APP_PASSWORD,
+    APP_USER,
+    HOST,
+    ROOT_PASSWORD,
+    ROOT_USER,
+    EtcdCluster,
+    EtcdServer,
+    RedisServer,
+    partition_unsupported,
+    wait_until,
+)
+from tests.support.partition import our_chains
 
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def v3_put(server: EtcdServer, key: str, value: str, token: str | None = None) -> int:
-    return server.v3("kv/put", {"key": b64(key), "value": b64(value)}, token=token)[0]
+def v3_put(server: EtcdServer, key: str, value: str, token: str | None = None, timeout: float = 10) -> int:
+    return server.v3("kv/put", {"key": b64(key), "value": b64(value)}, token=token, timeout=timeout)[0]
+
+
+def v3_range(server: EtcdServer, key: str, timeout: float = 10, serializable: bool = False) -> tuple[int, str | None]:
+    """(status, value): a linearizable read, or with ``serializable`` one the member answers alone."""
+    status, reply = server.v3("kv/range", {"key": b64(key), "serializable": serializable}, timeout=timeout)
+    kvs = reply.get("kvs", []) if status == 200 else []
+    return status, base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None
 
 
 def v3_get(server: EtcdServer, key: str, token: str | None = None) -> str | None:
@@ -175,6 +197,163 @@ def test_etcd_url_has_a_fresh_prefix_for_the_api(etcd_url: str, api: str) -> Non
     assert options.prefix.startswith("/t-test_etcd_url_has_a_fresh_prefix_for_the_api")
 
 
+# -- a 3-member cluster ------------------------------------------------------------------------
+# Each test gets a fresh cluster of each kind: etcd 3.4 (v2 and v3) and etcd 3.5 (v3).
+# A write that must fail gets a short client timeout (FAILING_WRITE_TIMEOUT); every wait for
+# something to happen is a poll with a deadline.
+
+FAILING_WRITE_TIMEOUT = 2.0  # etcd would answer "request timed out" after several seconds; we stop waiting first
+RECOVERY_TIMEOUT = 30.0
+
+
+def skip_unless_partition_works() -> None:
+    reason = partition_unsupported()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.cluster
+def test_cluster_has_three_healthy_members_that_replicate(etcd_cluster: EtcdCluster) -> None:
+    members = etcd_cluster.members
+    assert len({port for m in members for port in m.ports()}) == 6
+    assert all(m.ready() for m in members)
+    status, reply = members[0].v3("cluster/member/list", {})
+    assert status == 200 and sorted(m["name"] for m in reply["members"]) == ["member0", "member1", "member2"]
+    assert etcd_cluster.wait_for_leader() in (0, 1, 2)
+
+    assert v3_put(members[0], "/replicated", "from 0") == 200
+    assert [v3_range(m, "/replicated") for m in members[1:]] == [(200, "from 0")] * 2
+    if etcd_cluster.enable_v2:
+        assert members[2].http("PUT", "/v2/keys/replicated", form={"value": "from 2"})[0] == 201
+        status, body = members[1].http("GET", "/v2/keys/replicated?quorum=true")
+        assert status == 200 and json.loads(body)["node"]["value"] == "from 2"
+
+
+@pytest.mark.cluster
+def test_cluster_url_names_every_member_in_the_order_asked(etcd_cluster: EtcdCluster) -> None:
+    ports = [m.client_port for m in etcd_cluster.members]
+    url = etcd_cluster.url(order=[2, 0, 1], prefix="/p")
+    assert parse_url(url).endpoints == tuple((HOST, ports[i]) for i in (2, 0, 1))
+    with pytest.raises(ValueError, match="each member once"):
+        etcd_cluster.url(order=[0, 0, 1])
+
+    orders = {"etcd": [2, 0, 1], "etcd3": [1, 2, 0]} if etcd_cluster.enable_v2 else {"etcd3": [1, 2, 0]}
+    for scheme, order in orders.items():
+        client = connect(etcd_cluster.url(order, scheme=scheme, prefix=f"/url-{scheme}"))
+        try:
+            with Mutex(client, "through-all-endpoints", ttl=5) as mutex:
+                assert mutex.held
+        finally:
+            client.close()
+
+
+@pytest.mark.cluster
+def test_killing_the_leader_elects_another_and_writes_go_on(etcd_cluster: EtcdCluster) -> None:
+    leader = etcd_cluster.wait_for_leader()
+    old = etcd_cluster.member(leader)
+    assert v3_put(old, "/k", "before") == 200
+
+    old.kill()
+    etcd_cluster.wait_for_leader(other_than=leader)
+    survivors = [m for m in etcd_cluster.members if m is not old]
+    for n, member in enumerate(survivors):
+        assert v3_put(member, "/k", f"after {n}") == 200
+    assert v3_range(survivors[0], "/k") == (200, "after 1")
+
+    old.restart()  # same ports and data: it rejoins as a follower and catches up
+    wait_until(lambda: v3_range(old, "/k", timeout=2) == (200, "after 1"), RECOVERY_TIMEOUT, "catch-up")
+
+
+@pytest.mark.cluster
+def test_a_paused_leader_is_replaced_and_catches_up_when_resumed(etcd_cluster: EtcdCluster) -> None:
+    leader = etcd_cluster.wait_for_leader()
+    frozen = etcd_cluster.member(leader)
+    frozen.pause()
+    new_leader = etcd_cluster.wait_for_leader(other_than=leader)
+    assert v3_put(etcd_cluster.member(new_leader), "/k", "while frozen") == 200
+
+    frozen.resume()
+    wait_until(lambda: v3_range(frozen, "/k", timeout=2) == (200, "while frozen"), RECOVERY_TIMEOUT, "catch-up")
+    assert all(m.ready() for m in etcd_cluster.members)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("role", ["follower", "leader"])
+def test_a_partitioned_member_cannot_commit_while_the_others_do(etcd_cluster: EtcdCluster, role: str) -> None:
+    skip_unless_partition_works()
+    leader = etcd_cluster.wait_for_leader()
+    victim_index = leader if role == "leader" else (leader + 1) % 3
+    victim = etcd_cluster.member(victim_index)
+    others = [m for m in etcd_cluster.members if m is not victim]
+    assert v3_put(victim, "/k", "before") == 200
+    wait_until(lambda: all(v3_range(m, "/k", timeout=2) == (200, "before") for m in others), 10, "replication")
+
+    etcd_cluster.partition(victim_index)
+    assert len([rule for rule in etcd_cluster.firewall.rules() if "DROP" in rule]) == 3  # type: ignore[union-attr]
+    # Cut off, the victim loses its leader (a leader steps down: it no longer hears a quorum).
+    wait_until(lambda: "no leader" in str((victim.status() or {}).get("errors")), RECOVERY_TIMEOUT, "no leader")
+    etcd_cluster.wait_for_leader(other_than=victim_index)
+
+    # Its client port still answers, but nothing that needs a quorum: no write, no linearizable read.
+    assert victim.http("GET", "/version", timeout=5)[0] == 200
+    assert v3_put(victim, "/k", "lost", timeout=FAILING_WRITE_TIMEOUT) != 200
+    assert v3_range(victim, "/k", timeout=FAILING_WRITE_TIMEOUT)[0] != 200
+    # The other two still commit; the victim, read alone (serializable), has not seen it: a stale read.
+    assert v3_put(others[0], "/k", "after") == 200
+    assert v3_range(others[1], "/k") == (200, "after")
+    assert v3_range(victim, "/k", serializable=True) == (200, "before")
+
+    etcd_cluster.heal()
+    assert not [rule for rule in etcd_cluster.firewall.rules() if "DROP" in rule]  # type: ignore[union-attr]
+    wait_until(lambda: v3_range(victim, "/k", timeout=2) == (200, "after"), RECOVERY_TIMEOUT, "the victim to catch up")
+    etcd_cluster.wait_for_leader()
+    # The write the victim took alone was never committed: every member agrees on "after".
+    assert [v3_range(m, "/k") for m in etcd_cluster.members] == [(200, "after")] * 3
+
+
+@pytest.mark.cluster
+def test_losing_quorum_fails_writes_until_it_is_restored(etcd_cluster: EtcdCluster) -> None:
+    assert v3_put(etcd_cluster.member(0), "/q", "before") == 200
+    killed = etcd_cluster.stop_quorum()
+    assert len(killed) == 2
+    (alone,) = [m for m in etcd_cluster.members if m.running]
+    assert v3_put(alone, "/q", "no quorum", timeout=FAILING_WRITE_TIMEOUT) != 200
+    assert v3_range(alone, "/q", timeout=FAILING_WRITE_TIMEOUT)[0] != 200
+
+    etcd_cluster.restore()
+    assert all(m.running for m in etcd_cluster.members)
+    back = etcd_cluster.member(killed[0])
+    wait_until(lambda: v3_put(back, "/q", "after", timeout=5) == 200, RECOVERY_TIMEOUT, "a write after restore")
+    assert [v3_range(m, "/q") for m in etcd_cluster.members] == [(200, "after")] * 3
+
+
+@pytest.mark.cluster
+def test_rolling_restart_keeps_data_and_a_leader(etcd_cluster: EtcdCluster) -> None:
+    assert v3_put(etcd_cluster.member(1), "/r", "kept") == 200
+    leader = etcd_cluster.wait_for_leader()
+    order = etcd_cluster.rolling_restart()
+    assert sorted(order) == [0, 1, 2] and order[-1] == leader
+    assert [v3_range(m, "/r") for m in etcd_cluster.members] == [(200, "kept")] * 3
+    assert v3_put(etcd_cluster.member(order[0]), "/r", "new") == 200
+
+
+@pytest.mark.cluster
+def test_a_failing_test_leaves_no_chain_process_or_temp_dir() -> None:
+    skip_unless_partition_works()
+    cluster = EtcdCluster("3.5", enable_v2=False)
+    with pytest.raises(RuntimeError, match="the test failed"), cluster:
+        cluster.partition(1)
+        assert len(cluster.leftover_chains()) == 2  # the marking chain and the cutting chain
+        pids = [m.pid for m in cluster.members]
+        raise RuntimeError("the test failed")
+    assert cluster.leftover_chains() == []
+    assert not [chain for chain in our_chains() if chain.startswith(cluster.firewall.chain)]  # type: ignore[union-attr]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # type: ignore[arg-type]
+    assert not [m.dir for m in cluster.members if m.dir.exists()]
+
+
 # -- redis -------------------------------------------------------------------------------------
 
 
@@ -184,6 +363,16 @@ def test_redis_answers_and_is_flushed_per_test(redis_url: str) -> None:
     assert r.dbsize() == 0
     r.set("smoke", "1")
     assert r.get("smoke") == b"1"
+
+
+def test_redis_restarts_on_its_port_and_the_client_reconnects() -> None:
+    with RedisServer() as server:
+        port = server.port
+        server.client().set("k", "v")
+        server.restart()
+        assert server.port == port
+        assert server.client().ping()
+        assert server.client().get("k") is None  # no persistence: a fresh server
 
 
 # -- subprocesses ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from celery.contrib.testing.worker import start_worker
 from celery_etcdlock import LockLost, Mutex, RWLock, TaskLocked
 from celery_etcdlock.keys import encode_name
 from celery_etcdlock.tasks import RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
-from tests.servers import RedisServer
+from tests.support import RedisServer
 
 app = celery.Celery("inproc", set_as_current=False)
 app.conf.update(
@@ -315,7 +315,7 @@ def test_wait_runs_once_the_holder_releases(etcd: Any) -> None:
 def test_wait_keeps_its_place_in_the_queue(etcd: Any, monkeypatch: Any) -> None:
     """A waiting run joins once: it is served before anyone who queued after it, with the token it queued with."""
     from celery_etcdlock.settings import client_for
-    from tests.servers import wait_until
+    from tests.support import wait_until
 
     name = patient.lock_name_for((7,))
     queue = f"locks/{encode_name(name)}"
@@ -540,7 +540,7 @@ def test_an_unset_url_is_named_when_etcd_cannot_be_reached() -> None:
 
 
 def test_an_unreachable_url_is_named_in_a_task_error_without_its_password() -> None:
-    from tests.servers import free_port
+    from tests.support import free_port
 
     local = celery.Celery("unreachable", set_as_current=False)
     local.conf.update(etcdlock_url=f"etcd3://app:s3cret@127.0.0.1:{free_port()}", etcdlock_retry_max_delay=0.5)
@@ -582,7 +582,7 @@ def echo(value: Any) -> Any:
 def test_an_expired_message_never_stalls_the_consumer_while_etcd_is_down(broker: str, own_etcd: Any) -> None:
     """The consumer handles revoked and expired messages itself: it must never wait for etcd (10.7)."""
     url = own_etcd.url(prefix=f"/stall-{uuid.uuid4().hex[:8]}")
-    from tests.servers import wait_until
+    from tests.support import wait_until
 
     previous = {k: app.conf.get(k) for k in ("etcdlock_url", "etcdlock_prefix", "etcdlock_retry_max_delay")}
     app.conf.update(etcdlock_url=url, etcdlock_prefix=_prefix(url), etcdlock_retry_max_delay=120)
@@ -619,7 +619,7 @@ def limited(self: Any, pool: str) -> int:
 
 
 def test_limited_task_runs_at_most_limit_at_once_and_all_of_them(threads_worker: Any) -> None:
-    from tests.servers import wait_until
+    from tests.support import wait_until
 
     inside.update(now=0, most=0)
     pool = uuid.uuid4().hex
@@ -648,7 +648,7 @@ def rescheduled(self: Any, n: int) -> dict[str, Any]:
 
 
 def test_reschedule_requeues_without_counting_a_retry(threads_worker: Any, etcd: Any) -> None:
-    from tests.servers import wait_until
+    from tests.support import wait_until
 
     holder = Mutex(etcd, rescheduled.lock_name_for((1,)), ttl=5)
     assert holder.acquire(timeout=5)

@@ -9,7 +9,6 @@ stopped for real; waits are polls with deadlines.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery_etcdlock import LockLost, Mutex, TaskLocked, connect
 from tests import taskapp
 from tests.procs import Proc
-from tests.servers import RedisServer
+from tests.support import RedisServer
 
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 
@@ -88,11 +87,6 @@ def redis_for_workers() -> Iterator[str]:
 def worker(request: pytest.FixtureRequest, redis_for_workers: str) -> Iterator[Worker]:
     """A prefork worker on the v2 API (etcd 3.4) or the v3 API (etcd 3.5)."""
     api = request.param
-    module = {"v2": "celery_etcdlock.backends.etcd2", "v3": "celery_etcdlock.backends.etcd3"}[api]
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # an unfinished backend
-        pytest.skip(f"{api} backend not available: {exc}")
     server = request.getfixturevalue("etcd_server" if api == "v2" else "etcd3_server")
     etcd_url = server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
     taskapp.configure(etcd_url, redis_for_workers)
