@@ -265,6 +265,15 @@ def test_killing_the_leader_elects_another_and_writes_go_on(etcd_cluster: EtcdCl
 
 
 @pytest.mark.cluster
+def test_move_leader_hands_leadership_to_the_member_asked(etcd_cluster: EtcdCluster) -> None:
+    leader = etcd_cluster.wait_for_leader()
+    for target in [(leader + 1) % 3, leader]:
+        etcd_cluster.move_leader(target)
+        assert etcd_cluster.leader() == target
+        assert v3_put(etcd_cluster.member(target), "/moved", str(target)) == 200
+
+
+@pytest.mark.cluster
 def test_a_paused_leader_is_replaced_and_catches_up_when_resumed(etcd_cluster: EtcdCluster) -> None:
     leader = etcd_cluster.wait_for_leader()
     frozen = etcd_cluster.member(leader)

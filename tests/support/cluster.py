@@ -235,6 +235,24 @@ class EtcdCluster:
         what = "a leader" if other_than is None else f"a leader other than member {other_than}"
         return wait_until(elected, timeout, what)[0]
 
+    def move_leader(self, index: int, timeout: float = 30.0) -> None:
+        """Make member ``index`` the raft leader: etcd's MoveLeader, asked of the leader, until a quorum follows it.
+
+        So that a test can choose which member a fault hits as the leader, or as a follower.
+        """
+
+        def led_by_index() -> bool:
+            leader = self.leader()
+            if leader == index:
+                return True
+            target = self.members[index].status()
+            if leader is not None and target is not None:
+                body = {"targetID": target["header"]["member_id"]}
+                self.members[leader].v3("maintenance/transfer-leadership", body, timeout=5)
+            return False
+
+        wait_until(led_by_index, timeout, f"member {index} to lead", interval=0.2)
+
     # -- faults
 
     def partition(self, index: int) -> None:
