@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import redis
 from celery import Celery
 
+from celery_etcdlock.signals import lock_released, task_skipped
 from celery_etcdlock.tasks import LimitedTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 ETCD_URL = os.environ.get("ETCDLOCK_TEST_ETCD_URL", "etcd://127.0.0.1:2379?prefix=/etcdlock-taskapp")
@@ -143,6 +144,34 @@ def dedupe_task(self: SingletonTask, tag: str, seconds: float = 1.0) -> float:
 def fragile_task(self: SingletonTask, tag: str, seconds: float = 1.0) -> float:
     """A short-TTL singleton, for tests that SIGKILL or SIGSTOP the process running it."""
     return body(tag, seconds, self)
+
+
+@singleton_task(app=app, bind=True, key=["tag"], lock_ttl=3)
+def cluster_task(self: SingletonTask, tag: str, seconds: float = 0.3) -> float:
+    """A short-TTL singleton that skips while its lock is held: tests/test_cluster_faults.py sends one every 0.2 s.
+
+    Its skips and its lock's releases are recorded too (``lockevents:<lock name>``), so that a
+    skip decided on a stale read (naming a holder long released) can be told from a right one.
+    """
+    return body(tag, seconds, self)
+
+
+def lock_events(lock_name: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in store().lrange(f"lockevents:{lock_name}", 0, -1)]
+
+
+@task_skipped.connect
+def _record_skip(sender: Any = None, lock_name: str = "", holders: Any = (), **_: Any) -> None:
+    if getattr(sender, "name", None) == cluster_task.name:
+        line = {"event": "skip", "tokens": [h["token"] for h in holders], "pid": os.getpid(), "wall": time.time()}
+        store().rpush(f"lockevents:{lock_name}", json.dumps(line))
+
+
+@lock_released.connect
+def _record_release(sender: Any = None, token: int | None = None, data: Any = None, **_: Any) -> None:
+    if (data or {}).get("task") == cluster_task.name:
+        line = {"event": "released", "token": token, "pid": os.getpid(), "wall": time.time()}
+        store().rpush(f"lockevents:{sender}", json.dumps(line))
 
 
 @singleton_task(app=app, bind=True, key=["tag"], lock_ttl=60)
