@@ -227,7 +227,9 @@ class Backend(abc.ABC):
         makes another request give up. This default reads, then joins (v2); a backend that can
         compare and create in one request (a v3 transaction) overrides it.
         """
-        snapshot = self.read_queue(queue)
+        # fresh: giving up is a decision, and a member cut off from the others (v2 answers a plain read
+        # alone) may still list holders long gone, for as long as the partition lasts
+        snapshot = self.read_queue(queue, fresh=True)
         if snapshot.entries:
             return None, snapshot
         return self.join_queue(queue, value, lease)

@@ -1,0 +1,87 @@
+"""Clients of a real 3-member cluster whose first member is cut off from the other two.
+
+A member cut off by a network partition still accepts connections, but never commits a
+write or serves a linearizable read: it answers after etcd's own request timeout (5 s plus
+two election timeouts) with "request timed out", "no leader" or "context deadline exceeded",
+or not at all before the client's timeout. What it still serves at once is what it can
+answer alone: a v2 GET without ``quorum=true``, from its stale copy of the keys, and watches
+that never fire. These tests check that a client moves to a healthy member on each of
+those, and never decides anything on the stale copy:
+
+- a non-blocking acquire does not believe a cut-off member that still shows an old holder;
+
+Every test runs on one etcd 3.4 cluster (both APIs), member 0 cut off and member 1 leading.
+The other reads the primitives make are safe without a linearizable read, and why, is in
+docs/reliability.md ("Reads that decide").
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_etcdlock import Mutex, connect
+from celery_etcdlock.dedupe import EnqueueMarkers
+from tests.support import EtcdCluster, partition_unsupported, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CUT, LEADER = 0, 1  # member 0 is cut off; member 1 leads the other two
+SCHEMES = {"v2": "etcd", "v3": "etcd3"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[EtcdCluster]:
+    reason = partition_unsupported()
+    if reason:
+        pytest.skip(reason)
+    with EtcdCluster("3.4", enable_v2=True) as started:
+        yield started
+    assert started.leftover_chains() == []
+
+
+@pytest.fixture
+def cut_off(cluster: EtcdCluster) -> Iterator[EtcdCluster]:
+    """The cluster with member 1 leading; the test cuts member 0 off (``cluster.partition(CUT)``); healed after."""
+    cluster.heal()
+    cluster.move_leader(LEADER)
+    yield cluster
+    cluster.heal()
+    cluster.wait_for_leader()
+
+
+def url(cluster: EtcdCluster, api: str, prefix: str, first: int = CUT, **options: Any) -> str:
+    order = [first] + [i for i in range(3) if i != first]
+    return cluster.url(order, scheme=SCHEMES[api], prefix=prefix, **options)
+
+
+def unique() -> str:
+    return f"/clients-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("api", list(SCHEMES))
+def test_a_cut_off_member_that_still_shows_an_old_holder_decides_nothing(cut_off: EtcdCluster, api: str) -> None:
+    """A non-blocking acquire must not give up because a cut-off member still lists a holder long gone."""
+    prefix = unique()
+    healthy = connect(url(cut_off, api, prefix, first=LEADER))
+    old = Mutex(healthy, "stale", ttl=30, data={"task_id": "the-old-run"})
+    assert old.acquire(timeout=10)
+    alone = connect(cut_off.member(CUT).url(scheme=SCHEMES[api], prefix=prefix))  # member 0 only
+    wait_until(lambda: Mutex(alone, "stale", ttl=30).holders(), 10, "member 0 to have the holder's entry")
+    cut_off.partition(CUT)
+    old.release()  # committed by members 1 and 2; member 0 never hears of it
+    if api == "v2":  # the stale copy is there to be read: a plain v2 GET on member 0 still shows the old holder
+        assert [h["data"] for h in Mutex(alone, "stale", ttl=30).holders()] == [{"task_id": "the-old-run"}]
+    alone.close()
+
+    client = connect(url(cut_off, api, prefix, timeout=2))
+    lock = Mutex(client, "stale", ttl=30)
+    assert lock.acquire(blocking=False), f"gave up, the lock held by {lock.conflict and lock.conflict.described()}"
+    lock.release()
+    # nor does enqueue deduplication take the old holder for a run still going
+    assert EnqueueMarkers(client).claim("stale", "a-new-run", "t", ttl=30) is None
+    client.close()
+    healthy.close()
