@@ -8,6 +8,7 @@ answer alone: a v2 GET without ``quorum=true``, from its stale copy of the keys,
 that never fire. These tests check that a client moves to a healthy member on each of
 those, and never decides anything on the stale copy:
 
+- a client with a request timeout longer than etcd's takes etcd's answer as "try another member";
 - a non-blocking acquire does not believe a cut-off member that still shows an old holder;
 
 Every test runs on one etcd 3.4 cluster (both APIs), member 0 cut off and member 1 leading.
@@ -17,6 +18,7 @@ docs/reliability.md ("Reads that decide").
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,10 +28,13 @@ import pytest
 from celery_etcdlock import Mutex, connect
 from celery_etcdlock.dedupe import EnqueueMarkers
 from tests.support import EtcdCluster, partition_unsupported, wait_until
+from tests.support.cluster import ELECTION_MS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 CUT, LEADER = 0, 1  # member 0 is cut off; member 1 leads the other two
+ETCD_ANSWERS_AFTER = 5 + 2 * ELECTION_MS / 1000  # how long a cut-off member takes to say it cannot commit
+BACKOFF = 2.1  # the retry policy's longest pause
 SCHEMES = {"v2": "etcd", "v3": "etcd3"}
 
 
@@ -60,6 +65,25 @@ def url(cluster: EtcdCluster, api: str, prefix: str, first: int = CUT, **options
 
 def unique() -> str:
     return f"/clients-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("api", list(SCHEMES))
+def test_a_client_leaves_a_cut_off_member_on_its_answer_not_only_on_a_timeout(cut_off: EtcdCluster, api: str) -> None:
+    """With ``?timeout=`` longer than etcd's own, the cut-off member answers first: the client must move on."""
+    prefix = unique()
+    cut_off.partition(CUT)
+    client = connect(url(cut_off, api, prefix, timeout=ETCD_ANSWERS_AFTER + 2, retry_max_delay=20))
+    started = time.monotonic()
+    lock = Mutex(client, "moved", ttl=5)
+    try:
+        acquired = lock.acquire(timeout=30)
+    finally:
+        seconds = time.monotonic() - started
+    assert acquired and lock.held
+    # one request answered by etcd after its own timeout, then the next member at once
+    assert seconds < 2 * ETCD_ANSWERS_AFTER + BACKOFF, f"took {seconds:.1f}s"
+    lock.release()
+    client.close()
 
 
 @pytest.mark.parametrize("api", list(SCHEMES))

@@ -208,7 +208,12 @@ class Etcd2Backend(Backend):
             self._rotate(index)
             raise retry.Transient(endpoint, f"Connection to etcd failed due to {exc!r}") from None
         if response.status not in (200, 201):
-            raise self._error(endpoint, response.status, data)
+            error = self._error(endpoint, response.status, data)
+            if isinstance(error, retry.Transient):
+                # no leader, or a write it could not commit in time (a member cut off from the others
+                # answers so after etcd's own request timeout): another member may serve it
+                self._rotate(index)
+            raise error
         try:
             decoded = json.loads(data.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):

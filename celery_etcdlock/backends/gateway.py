@@ -75,7 +75,10 @@ PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 7, 8, 9
 ABORTED, UNAVAILABLE, UNAUTHENTICATED = 10, 14, 16
 # RESOURCE_EXHAUSTED is also what an oversized request gets ("received message larger than max"): see _too_large
 _TRANSIENT_CODES = frozenset({CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, UNAVAILABLE})
-_TRANSIENT_MESSAGES = ("leader changed", "no leader", "too many requests", "timed out", "not capable")
+# "context deadline exceeded" (UNKNOWN) is what a member cut off from the others answers a lease grant or a put
+_TRANSIENT_MESSAGES = (
+    "leader changed", "no leader", "too many requests", "timed out", "deadline exceeded", "not capable",
+)  # fmt: skip
 _TOO_LARGE_MESSAGES = ("larger than max", "request is too large")
 
 _API_PATHS = ((3, 4, "/v3/"), (3, 3, "/v3beta/"), (3, 0, "/v3alpha/"))  # etcd version -> gateway path
@@ -307,8 +310,13 @@ class Gateway:
         if isinstance(answer, dict) and isinstance(answer.get("code"), int):
             self._answered[index] = True
             return self.grpc_error(index, answer["code"], str(answer.get("message") or answer.get("error") or ""))
+        streamed = answer.get("error") if isinstance(answer, dict) else None  # a streaming call's (lease/keepalive)
+        if isinstance(streamed, dict) and isinstance(streamed.get("grpc_code"), int):
+            self._answered[index] = True
+            return self.grpc_error(index, streamed["grpc_code"], str(streamed.get("message") or ""))
         text = data.decode("utf-8", errors="replace")
         if status >= 500:
+            self._rotate(index)
             return retry.Transient(endpoint, f"HTTP {status} {text[:200]!r}")
         return self._not_a_gateway(index, f"POST {self._api_paths[index]}{path}", status, text)
 
@@ -326,8 +334,8 @@ class Gateway:
                 "--max-request-bytes (1.5 MiB unless set); use shorter lock names and smaller values"
             )
         if code in _TRANSIENT_CODES or any(m in lowered for m in _TRANSIENT_MESSAGES):
-            if code == UNAVAILABLE:
-                self._rotate(index)  # a member without a leader, or shutting down: another may serve
+            # a member without a leader, cut off, overloaded or shutting down: another may serve
+            self._rotate(index)
             return retry.Transient(endpoint, message)
         if code == PERMISSION_DENIED:
             return AuthenticationFailed(self._auth_message(index, f"lacks permission ({message})"))
