@@ -10,6 +10,8 @@ those, and never decides anything on the stale copy:
 
 - a client with a request timeout longer than etcd's takes etcd's answer as "try another member";
 - a non-blocking acquire does not believe a cut-off member that still shows an old holder;
+- a waiter watching through the cut-off member is woken when the holder releases, not when
+  its wait's safety net (twice the TTL) runs out.
 
 Every test runs on one etcd 3.4 cluster (both APIs), member 0 cut off and member 1 leading.
 The other reads the primitives make are safe without a linearizable read, and why, is in
@@ -18,6 +20,7 @@ docs/reliability.md ("Reads that decide").
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +29,7 @@ from typing import Any
 import pytest
 
 from celery_etcdlock import Mutex, connect
+from celery_etcdlock.backends.base import server_ttl
 from celery_etcdlock.dedupe import EnqueueMarkers
 from tests.support import EtcdCluster, partition_unsupported, wait_until
 from tests.support.cluster import ELECTION_MS
@@ -109,3 +113,40 @@ def test_a_cut_off_member_that_still_shows_an_old_holder_decides_nothing(cut_off
     assert EnqueueMarkers(client).claim("stale", "a-new-run", "t", ttl=30) is None
     client.close()
     healthy.close()
+
+
+@pytest.mark.parametrize("api", list(SCHEMES))
+def test_a_waiter_watching_through_a_cut_off_member_wakes_when_the_lock_is_released(
+    cut_off: EtcdCluster, api: str
+) -> None:
+    """The waiter's watch sits on the cut-off member, which never sends the release event.
+
+    Its session notices the member is gone at its next renewal; the watch must then move too,
+    rather than wait for its safety net (twice the TTL: 30 s here) to run out.
+    """
+    ttl = 15  # renewals every server_ttl/3 = 4.7 s, each given that long: the client gives up before etcd answers
+    renewal = server_ttl(ttl) / 3
+    prefix = unique()
+    holder = Mutex(connect(url(cut_off, api, prefix, first=LEADER)), "woken", ttl=ttl)
+    assert holder.acquire(timeout=10)
+    waiter = Mutex(connect(url(cut_off, api, prefix, timeout=2)), "woken", ttl=ttl)
+    waiting = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def wait() -> None:
+        outcome["acquired"] = waiter.acquire(timeout=60, on_wait=lambda state: waiting.set())
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    assert waiting.wait(10), "the waiter never queued"
+    time.sleep(0.5)  # its watch is open on member 0
+    cut_off.partition(CUT)
+    released = time.monotonic()
+    holder.release()
+    thread.join(60)
+    assert outcome.get("acquired") is True
+    woken = outcome["at"] - released
+    # its next renewal times out (up to one renewal period, then one renewal's wait), then a watch elsewhere
+    assert woken < 2 * renewal + BACKOFF + 1, f"woken {woken:.1f}s after the release (safety net: {2 * ttl}s)"
+    waiter.release()

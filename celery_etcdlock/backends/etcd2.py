@@ -44,6 +44,7 @@ from .base import (
     Backend,
     Entry,
     Lease,
+    OpenWatches,
     Record,
     Snapshot,
     WaitResult,
@@ -118,6 +119,7 @@ class Etcd2Backend(Backend):
         self._clients: list[etcd.Client | None] = [None] * len(self.endpoints)
         self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
         self._cluster_ids: list[str | None] = [None] * len(self.endpoints)
+        self._watches = OpenWatches()  # ended when the client moves to another endpoint
         self._keys_path = "/v2/keys"  # python-etcd's key_endpoint with its default version prefix
         self._headers: dict[str, str] = (
             urllib3.make_headers(basic_auth=f"{options.username}:{options.password}")
@@ -201,7 +203,11 @@ class Etcd2Backend(Backend):
                 preload_content=False,
             )
             self._check_cluster_id(index, endpoint, response.headers.get("X-Etcd-Cluster-Id"))
-            data = response.data  # read here: an I/O error while reading is a failed request too
+            if params.get("wait") == "true":  # a watch: etcd sends the headers at once, the body on the event
+                with self._watches.watching(index, response, lambda: self._current):
+                    data = response.data
+            else:
+                data = response.data  # read here: an I/O error while reading is a failed request too
         except (HTTPError, HTTPException, OSError) as exc:
             if params.get("wait") == "true" and isinstance(exc, ReadTimeoutError):
                 raise _WatchTimedOut() from None
@@ -276,9 +282,11 @@ class Etcd2Backend(Backend):
 
     def _rotate(self, failed: int) -> None:
         with self._local:
-            if self._current == failed and len(self.endpoints) > 1:
-                self._current = (failed + 1) % len(self.endpoints)
-                logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self._current])
+            if self._current != failed or len(self.endpoints) == 1:
+                return
+            self._current = (failed + 1) % len(self.endpoints)
+            logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self._current])
+        self._watches.leave(failed)
 
     def _retrying(self, operation: str, fn: Callable[[], T]) -> T:
         try:
@@ -517,6 +525,7 @@ class Etcd2Backend(Backend):
 
     def after_fork(self) -> None:
         self._local = threading.Lock()
+        self._watches = OpenWatches()  # the parent's
         self._clients = [None] * len(self.endpoints)  # their connection pools belong to the parent
         self._pools = [None] * len(self.endpoints)
         self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would

@@ -65,7 +65,7 @@ from urllib3.util.retry import Retry
 from .. import retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
-from .base import peer_port_error
+from .base import OpenWatches, peer_port_error
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,7 @@ class Gateway:
         self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
         self._api_paths = ["/v3/"] * len(self.endpoints)
         self._answered = [False] * len(self.endpoints)  # has it ever answered like an etcd gateway?
+        self._watches = OpenWatches()  # ended when the client moves to another endpoint
         self._auth_lock = threading.Lock()
         self._token: str | None = None
         self._auth_enabled = options.username is not None
@@ -237,21 +238,22 @@ class Gateway:
         try:
             if response.status != 200:
                 raise self._error(index, "watch", response.status, response.data)
-            for message in _messages(response, deadline):
-                error = message.get("error")
-                if isinstance(error, dict):
-                    code = int(error.get("grpc_code") or error.get("code") or 2)
-                    meaning = self.grpc_error(index, code, str(error.get("message")))
-                    raise WatchCancelled(str(meaning)) if isinstance(meaning, Failure) else meaning
-                result = message.get("result", {})
-                if int(result.get("compact_revision", 0)):
-                    raise WatchCancelled(f"revision compacted at {result['compact_revision']}")
-                if result.get("canceled"):
-                    reason = str(result.get("cancel_reason", ""))
-                    if "permission denied" in reason.lower() or "auth" in reason.lower():
-                        raise _TokenRejected(reason)  # an expired token shows up as a denial here
-                    raise WatchCancelled(f"cancelled: {reason or 'no reason given'}")
-                yield result
+            with self._watches.watching(index, response, lambda: self.current):  # ended if the client moves on
+                for message in _messages(response, deadline):
+                    error = message.get("error")
+                    if isinstance(error, dict):
+                        code = int(error.get("grpc_code") or error.get("code") or 2)
+                        meaning = self.grpc_error(index, code, str(error.get("message")))
+                        raise WatchCancelled(str(meaning)) if isinstance(meaning, Failure) else meaning
+                    result = message.get("result", {})
+                    if int(result.get("compact_revision", 0)):
+                        raise WatchCancelled(f"revision compacted at {result['compact_revision']}")
+                    if result.get("canceled"):
+                        reason = str(result.get("cancel_reason", ""))
+                        if "permission denied" in reason.lower() or "auth" in reason.lower():
+                            raise _TokenRejected(reason)  # an expired token shows up as a denial here
+                        raise WatchCancelled(f"cancelled: {reason or 'no reason given'}")
+                    yield result
             if time.monotonic() < deadline:
                 raise retry.Transient(endpoint, "the watch stream ended")
         except (HTTPError, http.client.HTTPException, OSError, ValueError) as exc:
@@ -294,9 +296,11 @@ class Gateway:
 
     def _rotate(self, failed: int) -> None:
         with self._local:
-            if self.current == failed and len(self.endpoints) > 1:
-                self.current = (failed + 1) % len(self.endpoints)
-                logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self.current])
+            if self.current != failed or len(self.endpoints) == 1:
+                return
+            self.current = (failed + 1) % len(self.endpoints)
+            logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self.current])
+        self._watches.leave(failed)
 
     # -- what an answer means -----------------------------------------------
 
@@ -500,6 +504,7 @@ class Gateway:
         self._local = threading.Lock()
         self._auth_lock = threading.Lock()
         self._pools = [None] * len(self.endpoints)
+        self._watches = OpenWatches()  # the parent's
 
     def close(self) -> None:
         with self._local:
