@@ -21,6 +21,8 @@ What each role records, and what the test checks with it (tests/test_cluster_fau
 - rwmix: ``read`` / ``write`` with the token, and ``conflict: true`` if the occupancy file
   showed a writer beside a reader, or anyone beside a writer; writers also bump a write
   counter, whose order their tokens must follow.
+- every role: ``lost`` with the ``cause`` (``late``, ``revoked``, ``deleted``) whenever a hold
+  or a leadership ends before its release.
 - candidate: ``lead`` when it starts believing it leads, ``leading`` every 0.2 s while it
   does, ``end`` when it stops. The interval recorded is [t1 of the first sample that read
   ``is_leader`` True, t0 of the last such sample], where t0/t1 are the clock read before
@@ -41,7 +43,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from celery_etcdlock import Election, EtcdLockError, Mutex, RWLock, connect
+from celery_etcdlock import Election, EtcdLockError, Mutex, RWLock, connect, observe
 
 stopping = threading.Event()
 #: a blocked acquire waits this long at most: far longer than any fault, so that a waiter stuck on a
@@ -211,6 +213,12 @@ def main() -> None:
     role, args = sys.argv[1], json.loads(sys.argv[2])
     log = Log(args["log"], role)
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+
+    def note_loss(event: observe.Event) -> None:  # why a hold or a leadership ended before its release
+        if event.kind in (observe.LOST, observe.DEPOSED):
+            log("lost", kind=event.kind, cause=event.cause, token=event.token)
+
+    observe.subscribe(note_loss)
     log("start", url=args["url"])
     try:
         ROLES[role](args, log)

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import threading
+import time
 from urllib import request as urlrequest
 
 import etcd
@@ -318,6 +319,53 @@ def test_a_partitioned_member_cannot_commit_while_the_others_do(etcd_cluster: Et
     etcd_cluster.wait_for_leader()
     # The write the victim took alone was never committed: every member agrees on "after".
     assert [v3_range(m, "/k") for m in etcd_cluster.members] == [(200, "after")] * 3
+
+
+def lease_ttl(member: EtcdServer, lease: str) -> int:
+    """The seconds lease ``lease`` has left, as ``member`` says (-1 once it is gone)."""
+    status, reply = member.v3("kv/lease/timetolive", {"ID": lease}, timeout=5)
+    return int(reply.get("TTL", -1)) if status == 200 else -1
+
+
+@pytest.mark.cluster
+def test_a_resumed_old_leader_renews_leases_alone(etcd_cluster: EtcdCluster) -> None:
+    """etcd before 3.5.13 / 3.4.31 (etcd-io/etcd#15247): what the fault suite found behind two candidates leading.
+
+    A leader frozen for longer than a lease's TTL, once resumed, still takes itself for the
+    leader for a moment: it answers a keep-alive with "renewed, TTL 2" from its own lessor.
+    The real leader never hears of that renewal and expires the lease on its own schedule,
+    so a holder that trusts the answer believes it holds a lease that is gone. The versions
+    the tests run (3.4.23, 3.5.1) all do it; the fault suite counts what it causes apart.
+    """
+    old, healthy = etcd_cluster.member(0), etcd_cluster.member(1)
+
+    def renewed_alone() -> bool:
+        """Freeze the leader past a lease's TTL, resume it, renew through it: did the lease then go early?"""
+        etcd_cluster.move_leader(0)
+        lease = healthy.v3("lease/grant", {"TTL": 2})[1]["ID"]
+        old.pause()
+        etcd_cluster.wait_for_leader(other_than=0)
+        renewed_until = time.monotonic() + 3  # longer than the TTL: the frozen leader's lessor deems it expired
+        while time.monotonic() < renewed_until:
+            assert healthy.v3("lease/keepalive", {"ID": lease}, timeout=2)[0] == 200
+            time.sleep(0.25)
+        old.resume()
+        asked = time.monotonic()
+        status, answer = old.v3("lease/keepalive", {"ID": lease}, timeout=5)
+        if status != 200 or int(answer.get("result", {}).get("TTL", 0)) <= 0:
+            return False  # it had heard of its successor already: an honest answer
+        # "renewed for 2 s" at `asked`; the real leader, which last renewed it earlier, expires it sooner
+        while time.monotonic() < asked + 2:
+            if lease_ttl(healthy, lease) < 0:
+                return True
+            time.sleep(0.02)
+        return False
+
+    for _attempt in range(3):  # the resumed leader may hear of its successor before it answers
+        if renewed_alone():
+            return
+        etcd_cluster.wait_for_leader()
+    pytest.fail("a resumed old leader never renewed a lease alone in 3 tries: is this etcd 3.5.13+ / 3.4.31+?")
 
 
 @pytest.mark.cluster
