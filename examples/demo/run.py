@@ -1,19 +1,23 @@
 """The demo: the shop on etcd, Redis, 3 workers and 2 beats; kill the leading beat and a busy worker.
 
-    python -m examples.demo            # about a minute (./scripts/demo sets things up first)
-    python -m examples.demo --quick    # the short run CI does (SHOP_DEMO_QUICK=1 too)
+    python -m examples.demo                    # about a minute (./scripts/demo sets things up first)
+    python -m examples.demo --quick            # the short run CI does (SHOP_DEMO_QUICK=1 too)
+    python -m examples.demo --etcd-members 3   # a 3-member etcd cluster, whose raft leader is killed too
 
 It starts the stack (``examples.demo.stack``), shows the live view
 (``examples.demo.view``), SIGKILLs the beat leader midway and then a worker in
 the middle of a singleton task, shows the fail-over and the lock recovery,
 stops everything and prints a summary: runs per task, doubles (0), fail-over
-and recovery times, processes left behind (0). Exit status 0 when all of
-that went as it should. Ctrl-C stops everything cleanly.
+and recovery times, processes left behind (0). With 3 etcd members it also
+SIGKILLs the raft leader of etcd (it comes back 10 s later, as systemd would
+restart it) and shows that the locks and the beat kept going meanwhile. Exit
+status 0 when all of that went as it should. Ctrl-C stops everything cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .stack import LocalStack, StackError, children_of, kill
+from .stack import ETCD_RESTART_DELAY, LocalStack, StackError, children_of, kill
 
 
 @dataclass(frozen=True)
@@ -35,14 +39,15 @@ class Plan:
     kill_worker_at: float
     frame_every: float  # how often a frame is printed when stdout is not a terminal
     beat_ttl: float
+    kill_etcd_at: float  # with 3 etcd members: when the raft leader of etcd is killed
 
     @classmethod
     def full(cls) -> Plan:
-        return cls(duration=60, kill_beat_at=18, kill_worker_at=32, frame_every=10, beat_ttl=5)
+        return cls(duration=60, kill_beat_at=18, kill_worker_at=32, frame_every=10, beat_ttl=5, kill_etcd_at=44)
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(duration=34, kill_beat_at=7, kill_worker_at=15, frame_every=8, beat_ttl=3)
+        return cls(duration=34, kill_beat_at=7, kill_worker_at=15, frame_every=8, beat_ttl=3, kill_etcd_at=22)
 
 
 TARGETS = ("shop.nightly_report", "shop.sync_customer")  # singletons whose worker the demo kills mid-run
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = Plan.quick() if args.quick else Plan.full()
     if args.duration:
-        plan = Plan(args.duration, plan.kill_beat_at, plan.kill_worker_at, plan.frame_every, plan.beat_ttl)
+        plan = dataclasses.replace(plan, duration=args.duration)
     root = Path(tempfile.mkdtemp(prefix="shop-demo-"))
     try:
         stack = LocalStack(root, etcd_members=args.etcd_members, api=args.api, beat_ttl=plan.beat_ttl)
@@ -134,6 +139,7 @@ class Demo:
         self.ready_at: float | None = None
         self.failover: dict[str, Any] | None = None
         self.recovery: dict[str, Any] | None = None
+        self.etcd_kill: dict[str, Any] | None = None  # with 3 etcd members: the member killed, and what followed
         self.known_procs: set[int] = set()
         self.title = (
             f"celery_etcdlock demo{' (quick)' if quick else ''}: {len(stack.etcd_members)} etcd"
@@ -169,6 +175,11 @@ class Demo:
                 self._kill_busy_worker(observation)
             elif self.recovery is not None and "token_after" not in self.recovery:
                 self._check_recovery(observation)
+            if len(self.stack.etcd_members) > 1:
+                if self.etcd_kill is None and elapsed >= self.plan.kill_etcd_at:
+                    self._kill_etcd_leader()
+                elif self.etcd_kill is not None and "new_leader" not in self.etcd_kill:
+                    self._check_etcd_failover()
             if self.tty:
                 self._draw(observation)
             elif time.monotonic() >= next_frame:
@@ -286,6 +297,42 @@ class Demo:
             run.start,
         )
 
+    def _kill_etcd_leader(self) -> None:
+        leader = self.stack.etcd_leader()
+        pid = self.stack.etcd_pid(leader) if leader is not None else None
+        if leader is None or pid is None:
+            return
+        at = time.time()
+        if not kill([pid]):
+            return
+        self.etcd_kill = {"member": leader, "pid": pid, "at": at}
+        self.events.add(
+            f"KILL -9 {leader} (the raft leader of the 3 etcd members, pid {pid}); it is restarted"
+            f" {ETCD_RESTART_DELAY} s later",
+            at,
+        )
+
+    def _check_etcd_failover(self) -> None:
+        assert self.etcd_kill is not None
+        leader = self.stack.etcd_leader()
+        if leader is None or leader == self.etcd_kill["member"]:
+            return
+        seconds = time.time() - self.etcd_kill["at"]
+        self.etcd_kill.update(new_leader=leader, seconds=round(seconds, 1))
+        self.events.add(f"ETCD: {leader} leads the 2 members left, {seconds:.1f}s after the kill")
+
+    def _etcd_summary(self, observation: Any, stopped_at: float) -> dict[str, Any] | None:
+        """What the lock service did after the etcd member was killed: runs, sends, and for how long."""
+        if self.etcd_kill is None or observation is None:
+            return self.etcd_kill
+        at = self.etcd_kill["at"]
+        return {
+            **self.etcd_kill,
+            "runs_after": len([r for r in observation.runs if r.start >= at]),
+            "sends_after": len([s for s in observation.sends if s["time"] >= at]),
+            "watched": round(stopped_at - at, 1),
+        }
+
     def _draw(self, observation: Any) -> None:
         from .view import CLEAR, find_doubles, render
 
@@ -323,6 +370,7 @@ class Demo:
             "sends": {},
             "failover": self.failover,
             "recovery": self.recovery,
+            "etcd_kill": self._etcd_summary(observation, stopped_at),
             "processes_left": len(left),
         }
         doubles = None
@@ -357,6 +405,7 @@ class Demo:
             and "token_after" in self.recovery
             and all(t["runs"] > 0 for t in summary["tasks"].values())
             and len(summary["tasks"]) == 4
+            and (len(self.stack.etcd_members) == 1 or _kept_going(summary["etcd_kill"]))
         )
         self._doubles_text = "-" if doubles is None else doubles.describe()
         return summary
@@ -395,8 +444,27 @@ class Demo:
             )
         else:
             lines.append("  lock recovery: " + ("not seen" if recovery else "not reached"))
+        etcd_kill = summary["etcd_kill"]
+        if len(self.stack.etcd_members) > 1:
+            if etcd_kill and "new_leader" in etcd_kill:
+                lines.append(
+                    f"  etcd member killed: {etcd_kill['member']} (the raft leader) -> {etcd_kill['new_leader']} led"
+                    f" after {etcd_kill['seconds']:.1f}s; in the {etcd_kill.get('watched', 0):.0f}s after the kill the"
+                    f" lock service kept going: {etcd_kill.get('runs_after', 0)} task runs started,"
+                    f" {etcd_kill.get('sends_after', 0)} beat sends"
+                )
+            else:
+                lines.append("  etcd member killed: " + ("no new raft leader seen" if etcd_kill else "not reached"))
         lines.append(f"  processes left behind: {summary['processes_left']}")
         if not self.interrupted:
             lines.append("  result: " + ("OK" if summary["ok"] else "NOT OK"))
         lines.append("=" * 100)
         return "\n".join(lines)
+
+
+def _kept_going(etcd_kill: dict[str, Any] | None) -> bool:
+    """A new raft leader was seen, and tasks ran and the beat sent after the etcd member was killed."""
+    return bool(
+        etcd_kill and "new_leader" in etcd_kill and etcd_kill.get("runs_after", 0) > 0
+        and etcd_kill.get("sends_after", 0) > 0
+    )  # fmt: skip

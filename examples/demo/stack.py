@@ -17,6 +17,7 @@ back. Every process carries a marker in its environment, so that
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -28,6 +29,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -35,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 MARKER = "SHOP_DEMO_RUN"
 SCHEDULER = "celery_etcdlock.beat:LeaderScheduler"
+ETCD_RESTART_DELAY = 10  # seconds a killed member of a 3-member cluster stays down before it is restarted
 
 
 class StackError(RuntimeError):
@@ -108,7 +111,10 @@ class LocalStack:
                 f"--initial-cluster={cluster}", f"--initial-cluster-token=shop-{self.run_id}",
                 "--initial-cluster-state=new", "--enable-v2=true", "--log-level=warn",
             ]  # fmt: skip
-            lines.append(f"{member}: exec {shlex.join(command)}")
+            if len(self.etcd_members) == 1:
+                lines.append(f"{member}: exec {shlex.join(command)}")
+            else:  # a member the demo kills comes back later, as systemd would restart it
+                lines.append(f"{member}: while :; do {shlex.join(command)}; sleep {ETCD_RESTART_DELAY}; done")
         redis_command = [
             self.redis_bin, "--bind", HOST, "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
             "--dir", str(self.root), "--loglevel", "warning",
@@ -154,6 +160,36 @@ class LocalStack:
                 return
             time.sleep(0.2)
         raise StackError(f"etcd or Redis did not answer within {timeout:.0f}s\n{self.log_tail()}")
+
+    def etcd_leader(self) -> str | None:
+        """The member a majority of the etcd members name as their raft leader, or None."""
+        votes: dict[str, int] = {}
+        ids: dict[str, str] = {}
+        for member, port in self.client_ports.items():
+            status = _etcd_status(port)
+            if status is None:
+                continue
+            ids[str(status.get("header", {}).get("member_id"))] = member
+            leader = str(status.get("leader", "0"))
+            if leader != "0":
+                votes[leader] = votes.get(leader, 0) + 1
+        for leader, count in votes.items():
+            if count > len(self.etcd_members) // 2 and leader in ids:
+                return ids[leader]
+        return None
+
+    def etcd_pid(self, member: str) -> int | None:
+        """The pid of the etcd process of ``member`` (not its restart loop), if it runs."""
+        needle = f"{MARKER}={self.run_id}".encode()
+        for pid in self.leftovers():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if needle in environ and argv and argv[0] == self.etcd_bin.encode() and f"--name={member}".encode() in argv:
+                return pid
+        return None
 
     def check_running(self) -> None:
         if self.honcho is not None and self.honcho.poll() is not None:
@@ -214,6 +250,19 @@ def _healthy(url: str) -> bool:
             return b"true" in response.read()
     except OSError:
         return False
+
+
+def _etcd_status(port: int) -> dict[str, Any] | None:
+    """A member's /v3/maintenance/status (its member id and the leader it follows), or None if it does not answer."""
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}/v3/maintenance/status", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=1) as response:  # noqa: S310 - loopback etcd
+            answer = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 def children_of(pid: int) -> list[int]:
