@@ -32,6 +32,7 @@ What each role records, and what the test checks with it (tests/test_cluster_fau
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import json
 import os
@@ -213,6 +214,7 @@ def main() -> None:
     role, args = sys.argv[1], json.loads(sys.argv[2])
     log = Log(args["log"], role)
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a role that does not stop shows where it is
 
     def note_loss(event: observe.Event) -> None:  # why a hold or a leadership ended before its release
         if event.kind in (observe.LOST, observe.DEPOSED):

@@ -392,6 +392,7 @@ def test_rolling_restart_keeps_data_and_a_leader(etcd_cluster: EtcdCluster) -> N
     assert sorted(order) == [0, 1, 2] and order[-1] == leader
     assert [v3_range(m, "/r") for m in etcd_cluster.members] == [(200, "kept")] * 3
     assert v3_put(etcd_cluster.member(order[0]), "/r", "new") == 200
+    assert etcd_cluster.diverged() is None
 
 
 @pytest.mark.cluster
