@@ -113,13 +113,15 @@ def _seconds(value: object, name: str) -> float | None:
 
 _clients: dict[tuple[str, str | None, float | None], Client] = {}
 _clients_lock = threading.Lock()
-_pool_child_pid: int | None = None  # this process's pid once Celery started it as a prefork pool child
+_loaded_in = os.getpid()  # a pool process forked from the worker that loaded this module has another pid
+_pool_child_pid: int | None = None  # this process's pid once Celery started it as a (forked) pool process
 
 
 @signals.worker_process_init.connect(weak=False)
 def _note_pool_child(**_: Any) -> None:
     global _pool_child_pid
-    _pool_child_pid = os.getpid()
+    if os.getpid() != _loaded_in:  # the solo pool sends the signal too, in the worker's own process
+        _pool_child_pid = os.getpid()
 
 
 def client_for(app: Any, settings: Settings | None = None) -> Client:
