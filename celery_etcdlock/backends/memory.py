@@ -35,10 +35,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import secrets
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +82,7 @@ class _Key:
     modified: int  # mod revision
     lease: int | None = None
     expires_at: float | None = None  # records with a TTL
+    entry: Entry | None = None  # as a queue read shows it: made once, it is read at every turn of every waiter
 
 
 @dataclass
@@ -118,6 +116,20 @@ class _Namespace:
         self.next_expiry = float("inf")  # no lease or record expires before this (it may be earlier than needed)
         # lease ids as etcd's: not in order, so that nothing comes to rely on an order they do not have
         self.lease_ids = itertools.count(random.randrange(1 << 40, 1 << 60))
+        self.nonces = itertools.count(random.randrange(1 << 32))  # the entry keys' nonces
+
+    def __enter__(self) -> _Namespace:
+        """Hold the namespace, with what expired by now gone."""
+        self.lock.acquire()
+        try:
+            self.expire(clock.now())
+        except BaseException:
+            self.lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
 
     # -- time
 
@@ -246,23 +258,28 @@ class MemoryBackend(Backend):
                 "etcd_server fixture starts one), or use the solo or threads pool"
             )
 
-    @contextmanager
-    def _locked(self) -> Iterator[_Namespace]:
+    def _locked(self) -> _Namespace:
+        """The namespace, to hold in a ``with`` block, if this process may use it."""
         self._check_process()  # before the lock: one held by another thread at the fork is never released here
-        store = self._store
-        with store.lock:
-            store.expire(clock.now())
-            yield store
+        return self._store
 
-    def _entry(self, kv: _Key, now: float | None = None) -> Entry:
+    def _entry(self, kv: _Key) -> Entry:
+        if kv.entry is None:
+            kv.entry = Entry(self._relative(kv.key), kv.created, kv.raw)
+        return kv.entry
+
+    def _entry_with_ttl(self, kv: _Key, now: float) -> Entry:
         ttl = None
-        if now is not None and kv.lease is not None:
+        if kv.lease is not None:
             ttl = float(max(0, int(self._store.leases[kv.lease].expires_at - now)))  # whole seconds, as etcd says
         return Entry(self._relative(kv.key), kv.created, kv.raw, ttl)
 
     def _snapshot(self, store: _Namespace, queue: str) -> Snapshot:
-        children = sorted(store.children.get(self._full(queue), {}).values(), key=_created)
-        return Snapshot([self._entry(kv) for kv in children], store.revision)
+        children = store.children.get(self._full(queue))
+        if not children:
+            return Snapshot([], store.revision)
+        ordered = sorted(children.values(), key=_created) if len(children) > 1 else children.values()
+        return Snapshot([self._entry(kv) for kv in ordered], store.revision)
 
     @staticmethod
     def _own(lease: Lease) -> MemoryLease:
@@ -334,7 +351,7 @@ class MemoryBackend(Backend):
             lease = self._live(store, lease)
             if only_if_empty and self._full(queue) in store.children:
                 return None, self._snapshot(store, queue)
-            key = self._full(f"{queue}/{lease.id}.{secrets.token_hex(8)}")  # as v3: lease and nonce
+            key = self._full(f"{queue}/{lease.id}.{next(store.nonces):x}")  # as v3: lease and nonce
             kv = store.put(key, raw, lease=lease.lease_id)
             return self._entry(kv), self._snapshot(store, queue)
 
@@ -389,8 +406,8 @@ class MemoryBackend(Backend):
         with self._locked() as store:
             now = clock.now()
             return {
-                self._relative(parent): [self._entry(kv, now) for kv in sorted(children.values(), key=_created)]
-                for parent, children in store.children.items()
+                self._relative(parent): [self._entry_with_ttl(kv, now) for kv in sorted(kids.values(), key=_created)]
+                for parent, kids in store.children.items()
                 if parent.startswith(start) and "/" not in parent[len(start) :]
             }
 
