@@ -87,12 +87,48 @@ def test_a_mutex_on_memory(etcdlock_memory_client):
 """
 
 
+THREADS_CONFTEST = """
+
+@pytest.fixture(scope="session")
+def celery_worker_pool():
+    return "threads"
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters():
+    return {"concurrency": 2}
+"""
+
+THREADS_TESTS = """
+
+def test_a_run_is_skipped_while_another_worker_thread_runs_it(celery_app, celery_worker):
+    started, gate = threading.Event(), threading.Event()
+
+    @singleton_task(app=celery_app, name="sample.slow")
+    def slow(wait):
+        if wait:
+            started.set()
+            gate.wait(30)
+        return "ran"
+
+    celery_worker.reload()
+    first = slow.delay(True)
+    assert started.wait(30)
+    assert slow.delay(False).get(timeout=30) is None
+    gate.set()
+    assert first.get(timeout=30) == "ran"
+"""
+
+
 def write_project(directory: Path, on: str) -> Path:
-    """A user's project whose tasks lock on etcd (``on="etcd"``) or on memory:// (``on="memory"``)."""
+    """A user's project whose tasks lock on etcd (``on="etcd"``, the solo pool) or on memory:// (the threads pool)."""
     directory.mkdir()
     argument, url = ("etcd_server", "etcd_server.url") if on == "etcd" else ("", '"memory://"')
-    (directory / "conftest.py").write_text(textwrap.dedent(CONFTEST.format(argument=argument, url=url)))
-    (directory / "test_sample.py").write_text(textwrap.dedent(TESTS))
+    conftest, tests = CONFTEST.format(argument=argument, url=url), TESTS
+    if on == "memory":
+        conftest, tests = conftest + THREADS_CONFTEST, tests + THREADS_TESTS
+    (directory / "conftest.py").write_text(textwrap.dedent(conftest))
+    (directory / "test_sample.py").write_text(textwrap.dedent(tests))
     return directory
 
 
@@ -133,7 +169,7 @@ def test_a_sample_project_passes_on_etcd(tmp_path: Path, pytest_celery: str) -> 
 
 def test_a_sample_project_on_memory_passes_without_etcd_whose_tests_are_skipped_saying_why(tmp_path: Path) -> None:
     done = run_pytest(write_project(tmp_path / "project", "memory"), env={"ETCDLOCK_ETCD": "/no/such/etcd"})
-    assert counts(done.stdout) == {"passed": 3, "skipped": 1}, done.stdout + done.stderr
+    assert counts(done.stdout) == {"passed": 4, "skipped": 1}, done.stdout + done.stderr
     assert "ETCDLOCK_ETCD='/no/such/etcd' is not an executable etcd binary" in done.stdout
 
 
