@@ -67,8 +67,11 @@ nor its containers are needed here: list ``"celery.contrib.pytest"`` in
 ``pytest_plugins`` as above, which then provides ``celery_worker``, or
 ``from celery.contrib.pytest import celery_worker`` in the test module.
 
-A prefork worker forks processes, and memory:// lives in one: test prefork
-workers on ``etcd_server`` (its URL works from any process on the host).
+The ``threads`` pool (a ``celery_worker_pool`` fixture returning ``"threads"``)
+works on memory:// too. A prefork worker forks processes, and memory:// lives
+in one: test prefork workers on ``etcd_server`` (its URL works from any
+process on the host), with a real broker. The README's "Testing your tasks"
+has a recipe for each.
 
 This module needs pytest, and nothing of the test suite of celery_etcdlock;
 it imports Celery only when a Celery fixture does.

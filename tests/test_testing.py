@@ -73,6 +73,18 @@ def test_a_mutex_on_etcd(etcdlock_client):
     second.release()
 
 
+def test_a_lock_held_across_a_restart_of_etcd_stays_held(etcd_server_per_test):
+    server = etcd_server_per_test
+    assert server.url == "etcd3://" + server.endpoint
+    client = connect(server.url)
+    try:
+        with Mutex(client, "x", ttl=10) as lock:
+            server.restart()  # same port, same data
+            assert lock.held
+    finally:
+        client.close()
+
+
 def test_a_mutex_on_memory(etcdlock_memory_client):
     first, second = Mutex(etcdlock_memory_client, "x", ttl=5), Mutex(etcdlock_memory_client, "x", ttl=5)
     assert first.acquire(timeout=5)
@@ -164,12 +176,12 @@ def test_a_sample_project_passes_on_etcd(tmp_path: Path, pytest_celery: str) -> 
     else:
         options = ("-p", "no:celery")  # as if pytest-celery were not installed: its entry point is "celery"
     done = run_pytest(write_project(tmp_path / "project", "etcd"), *options)
-    assert counts(done.stdout) == {"passed": 4}, done.stdout + done.stderr
+    assert counts(done.stdout) == {"passed": 5}, done.stdout + done.stderr
 
 
 def test_a_sample_project_on_memory_passes_without_etcd_whose_tests_are_skipped_saying_why(tmp_path: Path) -> None:
     done = run_pytest(write_project(tmp_path / "project", "memory"), env={"ETCDLOCK_ETCD": "/no/such/etcd"})
-    assert counts(done.stdout) == {"passed": 4, "skipped": 1}, done.stdout + done.stderr
+    assert counts(done.stdout) == {"passed": 4, "skipped": 2}, done.stdout + done.stderr
     assert "ETCDLOCK_ETCD='/no/such/etcd' is not an executable etcd binary" in done.stdout
 
 
@@ -182,3 +194,4 @@ def test_the_plugin_imports_without_pytest_celery_and_without_our_tests() -> Non
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert done.stdout.strip() == "['etcd_server', 'etcdlock_client', 'etcdlock_memory_client']", done.stderr
+
