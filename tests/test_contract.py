@@ -14,6 +14,7 @@ processes and a real server, and stay in the per-primitive modules.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -165,7 +166,10 @@ def test_names_map_to_their_own_keys(any_client: Client) -> None:
     locks = [Mutex(any_client, n, ttl=5) for n in names]
     for lock in locks:
         assert lock.acquire(blocking=False), lock.name
-    assert sorted(any_client.backend.list_queues(LOCKS)) == sorted(f"{LOCKS}/{encode_name(n)}" for n in names)
+    queues = any_client.backend.list_queues(LOCKS)
+    assert sorted(queues) == sorted(f"{LOCKS}/{encode_name(n)}" for n in names)
+    for key in queues:
+        assert re.fullmatch(r"locks/[A-Za-z0-9_~-]+", key), key
     for lock in locks:
         lock.release()
 
@@ -278,7 +282,7 @@ def test_cancel_makes_a_waiting_acquire_give_up(any_client: Client) -> None:
 
 def test_a_skip_always_means_someone_held_the_lock(any_client: Client) -> None:
     """Racing non-blocking probes around a release: whenever a probe started after the release, one acquired."""
-    for round_ in range(20):
+    for round_ in range(30):
         holder = Mutex(any_client, "race", ttl=10)
         assert holder.acquire(timeout=5)
         barrier = threading.Barrier(7)
@@ -371,6 +375,22 @@ def test_entries_in_creation_order_with_growing_tokens(any_client: Client) -> No
     assert backend.read_queue("locks/q").entries == entries[1:]
     backend.revoke(lease, entries[1:])
     assert backend.read_queue("locks/q").entries == []
+
+
+def test_list_queues_gives_each_queue_its_entries_and_their_time_left(any_client: Client) -> None:
+    backend = any_client.backend
+    lease = backend.grant(30)
+    a1 = backend.join_queue("locks/a", {"n": 1}, lease)[0]
+    b1 = backend.join_queue("locks/b", {"n": 2}, lease)[0]
+    a2 = backend.join_queue("locks/a", {"n": 3}, lease)[0]
+    backend.join_queue("elections/a", {}, lease)
+    backend.put_record("locks/a/deeper/not-an-entry", {}, expect=None)
+    queues = backend.list_queues("locks")
+    assert queues == {"locks/a": [a1, a2], "locks/b": [b1]}
+    ttls = [entry.ttl for entries in queues.values() for entry in entries]
+    assert all(ttl is not None and 0 < ttl <= 30 for ttl in ttls), ttls
+    assert backend.list_queues("nothing") == {}
+    backend.revoke(lease, [a1, b1, a2])
 
 
 def test_join_if_empty_creates_only_in_an_empty_queue(any_client: Client) -> None:
@@ -544,8 +564,10 @@ def test_semaphore_holders_tokens_and_a_free_slot(any_client: Client) -> None:
     assert tokens == sorted(tokens) and len(set(tokens)) == 3
     assert not slots[3].acquire(blocking=False)
     assert slots[3].conflict is not None and [h["token"] for h in slots[3].conflict.described()] == tokens
+    assert [h["token"] for h in slots[0].holders()] == tokens
     slots[1].release()  # the middle one: a slot is free although the oldest holder stays
     assert slots[3].acquire(blocking=False)
+    assert slots[3].token is not None and slots[3].token > max(tokens)
     for slot in (slots[0], slots[2], slots[3]):
         slot.release()
     assert any_client.backend.list_queues(SEMAPHORES) == {}
@@ -612,8 +634,10 @@ def test_a_different_semaphore_limit_is_refused(any_client: Client) -> None:
     three = Semaphore(any_client, "limited", limit=3, ttl=5)
     assert three.acquire(timeout=5)
     four = Semaphore(any_client, "limited", limit=4, ttl=5)
-    with pytest.raises(LimitMismatch, match="has limit 3 .*not 4"):
-        four.acquire(timeout=5)
+    for attempt in (lambda: four.acquire(blocking=False), lambda: four.acquire(timeout=5)):
+        with pytest.raises(LimitMismatch, match="has limit 3 .*not 4") as raised:
+            attempt()
+        assert isinstance(raised.value, ValueError) and (raised.value.limit, raised.value.asked) == (3, 4)
     assert queued(any_client, SEMAPHORES) == 1  # the refused one left nothing
     three.release()
     assert four.acquire(blocking=False)
