@@ -26,6 +26,7 @@ PASS, KEY or SECRET in them, and URLs of brokers and result backends.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from celery.app import utils as celery_app_utils
 
 from .client import Client
 from .connect import connect
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, InvalidUse
 from .options import DEFAULT_URL, check_seconds, check_ttl, redact
 
 DEFAULTS: dict[str, Any] = {
@@ -112,11 +113,27 @@ def _seconds(value: object, name: str) -> float | None:
 
 _clients: dict[tuple[str, str | None, float | None], Client] = {}
 _clients_lock = threading.Lock()
+_loaded_in = os.getpid()  # a pool process forked from the worker that loaded this module has another pid
+_pool_child_pid: int | None = None  # this process's pid once Celery started it as a (forked) pool process
+
+
+@signals.worker_process_init.connect(weak=False)
+def _note_pool_child(**_: Any) -> None:
+    global _pool_child_pid
+    if os.getpid() != _loaded_in:  # the solo pool sends the signal too, in the worker's own process
+        _pool_child_pid = os.getpid()
 
 
 def client_for(app: Any, settings: Settings | None = None) -> Client:
     """The process's client for ``app``'s settings, created on first use."""
     settings = settings or Settings.from_app(app)
+    if _pool_child_pid == os.getpid() and settings.url.startswith("memory:"):
+        # each pool process would have a memory:// of its own, and their locks would not exclude each other
+        raise InvalidUse(
+            f"etcdlock_url is {settings.shown_url}, which lives in one process, and this is a prefork pool "
+            f"process (pid {_pool_child_pid}): its locks would not exclude those of the other pool processes. "
+            "Use a real etcd (celery_etcdlock.testing's etcd_server fixture starts one), or the solo or threads pool"
+        )
     key = (settings.url, settings.prefix, settings.retry_max_delay)
     with _clients_lock:
         client = _clients.get(key)

@@ -21,14 +21,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "options", "keys", "clock", "observe"}),
     ("retry", {"retry"}),
-    ("backends", {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway"}),
+    ("backends", {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway",
+                  "backends.memory"}),  # fmt: skip
     ("session", {"session"}),
     ("client", {"client", "connect"}),
     ("queue", {"queue"}),
     ("primitives", {"mutex", "rwlock", "semaphore", "election"}),
     ("store", {"store"}),
     ("celery", {"settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
-    ("cli", {"cli"}),
+    ("cli", {"cli", "testing"}),  # testing: the pytest plugin, above everything it tests
     ("package", {""}),  # __init__: the public names
 ]
 CELERY_FROM = "celery"  # the first layer that may import Celery (and kombu)

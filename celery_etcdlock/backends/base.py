@@ -127,9 +127,13 @@ def server_ttl(ttl: float) -> int:
     return max(1, math.floor(ttl - EXPIRY_LAG))
 
 
+# sort_keys: the same document always has the same text, which v2 compares. One encoder for every call:
+# json.dumps with options builds a new one each time, which cost more than the encoding of a queue entry.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def encode_json(value: dict[str, Any]) -> str:
-    # sort_keys: the same document always has the same text, which v2 compares
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def decode_json(text: str | bytes | None) -> dict[str, Any]:
