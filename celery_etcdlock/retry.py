@@ -100,9 +100,7 @@ def call_policy(max_delay: float, operation: str, started: float) -> tenacity.Re
     )
 
 
-def renewal_policy(
-    deadline: float, operation: str, sleep: Callable[[float], None] | None = None
-) -> tenacity.Retrying:
+def renewal_policy(deadline: float, operation: str, sleep: Callable[[float], None] | None = None) -> tenacity.Retrying:
     """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``).
 
     ``sleep`` pauses between attempts (a renewer under gevent passes the real ``time.sleep``).

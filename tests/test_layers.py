@@ -20,8 +20,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "options", "keys", "clock", "observe"}),
+    ("green", {"green"}),
     ("retry", {"retry"}),
-    ("backends", {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway"}),
+    (
+        "backends",
+        {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway", "backends.native"},
+    ),
     ("session", {"session"}),
     ("client", {"client", "connect"}),
     ("queue", {"queue"}),

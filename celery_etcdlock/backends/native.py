@@ -136,16 +136,19 @@ class NativeHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
 
 def tls_context(options: ConnectionOptions) -> ssl.SSLContext:
     """A TLS client context whose sockets are ``SSLTransport`` over the socket given (never gevent's SSLSocket)."""
-    base: Any = green.original("ssl", "SSLContext")  # the standard library's, not gevent's subclass
 
-    class NativeTLSContext(base):
-        def wrap_socket(
+    # gevent's subclass of SSLContext, once patched: the standard library's property setters call
+    # super(ssl.SSLContext, ...) on the patched name, and recurse without it. Only its wrap_socket would
+    # wait on the hub; wrap_bio, which SSLTransport uses, is the standard library's.
+    # (Made at each call, not on import: gevent may patch ssl after this module is imported.)
+    class NativeTLSContext(ssl.SSLContext):
+        def wrap_socket(  # type: ignore[override]  # an SSLTransport is what urllib3 uses for TLS in TLS
             self,
             sock: socket.socket,
             server_side: bool = False,
             do_handshake_on_connect: bool = True,
             suppress_ragged_eofs: bool = True,
-            server_hostname: str | None = None,
+            server_hostname: str | None = None,  # type: ignore[override]
             session: Any = None,
         ) -> SSLTransport:
             return SSLTransport(sock, self, server_hostname, suppress_ragged_eofs)
