@@ -15,10 +15,10 @@ process a session's renewer is a real OS thread that never waits on the hub:
 - its requests go through connections of its own, on unpatched sockets
   (the backend's ``native_twin``), and its retry pauses are the real
   ``time.sleep`` (``native_sleep``);
-- the ``on_lost`` callbacks it reports run in the hub of the thread that took
-  the lock (``hub_runner``), when that hub next runs: they touch that thread's
-  green objects (events, queues, signal handlers), which are not safe to use
-  from another OS thread.
+- the ``on_lost`` callbacks it reports run in a greenlet of the thread that
+  took the lock (``hub_runner``), when that thread's hub next runs: they touch
+  that thread's green objects (events, queues, signal handlers), which are not
+  safe to use from another OS thread.
 
 eventlet is refused (``check_pool`` raises ``UnsupportedPool``): its hub cannot
 be reached safely from another OS thread, its locks (the logging module's among
@@ -158,12 +158,17 @@ class NativeThread:
             self._running = False
 
 
-def hub_runner() -> Callable[..., Any]:
-    """A function that runs ``fn(*args)`` in the calling thread's gevent hub, called from any OS thread.
+def hub_runner() -> Callable[..., None]:
+    """A function that runs ``fn(*args)`` in a new greenlet of the calling thread, called from any OS thread.
 
-    ``hub_runner()(fn, arg)`` returns at once; ``fn`` runs when the hub next gets control (a
-    busy greenlet delays it, as it delays every other greenlet of that thread).
+    ``hub_runner()(fn, arg)`` returns at once; ``fn`` starts when that thread's hub next gets
+    control (a busy greenlet delays it, as it delays every other greenlet of that thread). A
+    greenlet, not the hub's own callback: ``fn`` may block (log, take a lock, send an event).
     """
     gevent = sys.modules["gevent"]
-    run: Callable[..., Any] = gevent.get_hub().loop.run_callback_threadsafe
+    loop = gevent.get_hub().loop
+
+    def run(fn: Callable[..., Any], *args: Any) -> None:
+        loop.run_callback_threadsafe(gevent.spawn_raw, fn, *args)
+
     return run

@@ -29,8 +29,8 @@ its own on first use (see ``Client``).
 
 Under gevent (``celery worker -P gevent``) the renewer is a native OS thread
 with connections of its own (``green.py``), so that a task that does not
-yield cannot stop its lock's renewal; ``on_lost`` callbacks then run in the
-hub of the thread that joined. eventlet is refused (``UnsupportedPool``).
+yield cannot stop its lock's renewal; ``on_lost`` callbacks then run in a
+greenlet of the thread that joined. eventlet is refused (``UnsupportedPool``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class SessionKey:
         self.queue = queue
         self.entry = entry
         self.on_lost = on_lost
-        self.hub = hub  # under gevent: runs on_lost in the hub of the thread that joined (green.hub_runner)
+        self.hub = hub  # under gevent: runs on_lost in a greenlet of the thread that joined (green.hub_runner)
         self.pid = os.getpid()
         self.lost_cause: str | None = None  # observe.DELETED, LATE, REVOKED or CLOSED, once lost
         self.lost_reason: str | None = None  # the same, in words, for logs and LockLost
@@ -417,7 +417,7 @@ class Session:
         return green.NativeCondition() if self.green else threading.Condition()
 
     def _hub(self, on_lost: Callable[[SessionKey], None] | None) -> Callable[..., Any] | None:
-        """Under gevent, where ``on_lost`` must run: the calling thread's hub (None: on the renewer thread)."""
+        """Under gevent, where ``on_lost`` must run: in a greenlet of the calling thread (None: on the renewer)."""
         return green.hub_runner() if self.green and on_lost is not None else None
 
     def _lease_for_new_entry(self) -> SessionLease:
@@ -509,7 +509,7 @@ def _lose(skeys: list[SessionKey], cause: str, reason: str) -> list[SessionKey]:
 def _notify(skeys: list[SessionKey]) -> None:
     """Run the on_lost callbacks, outside every session lock (a callback may release its lock).
 
-    Under gevent each runs in the hub of the thread that joined, when that hub next runs.
+    Under gevent each runs in a greenlet of the thread that joined, when that thread's hub next runs.
     """
     for skey in skeys:
         if skey.on_lost is None:

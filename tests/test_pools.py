@@ -11,8 +11,8 @@ so the lock stays held, and a second worker never runs the same key meanwhile.
   each start.
 - A gevent-patched process (no Celery), plain and with TLS, client
   certificates and auth: the renewer starts no gevent hub of its own, sees a
-  loss while the hub is starved, and ``on_lost`` then runs in the main
-  thread's hub.
+  loss while the hub is starved, and ``on_lost`` then runs in a greenlet of
+  the main thread.
 - eventlet is refused: a worker does not start, and a lock in a patched
   process raises ``UnsupportedPool``.
 """
@@ -138,6 +138,7 @@ main_thread, ttl = native_thread(), float(os.environ["TTL"])
 told, ran_in = gevent.event.Event(), []
 
 def on_lost(lock):
+    gevent.sleep(0.01)  # may block: a greenlet, not the hub's own callback
     ran_in.append("main thread" if native_thread() == main_thread else "another thread")
     told.set()
 
