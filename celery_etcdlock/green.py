@@ -47,16 +47,17 @@ EVENTLET = "eventlet"
 
 
 def patched_by() -> str | None:
-    """The green library that monkey-patched ``threading`` in this process: ``"gevent"``, ``"eventlet"`` or None.
+    """The green library that monkey-patched this process: ``"gevent"``, ``"eventlet"`` or None.
 
-    Asks only a library that is already imported: patching imports it first, and a
-    process that never imported it is not patched.
+    Patched means ``threading`` (a renewer would be a greenlet) or ``socket`` (its requests
+    would wait on a hub) was replaced. Asks only a library that is already imported:
+    patching imports it first, and a process that never imported it is not patched.
     """
     monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None and monkey.is_module_patched("threading"):
+    if monkey is not None and (monkey.is_module_patched("threading") or monkey.is_module_patched("socket")):
         return GEVENT
     patcher = sys.modules.get("eventlet.patcher")
-    if patcher is not None and patcher.is_monkey_patched("thread"):
+    if patcher is not None and (patcher.is_monkey_patched("thread") or patcher.is_monkey_patched("socket")):
         return EVENTLET
     return None
 

@@ -19,6 +19,8 @@ so the lock stays held, and a second worker never runs the same key meanwhile.
 
 from __future__ import annotations
 
+import importlib.util
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +30,7 @@ import pytest
 import redis
 from celery.exceptions import TimeoutError as ResultTimeout
 
-from celery_etcdlock import Mutex, connect
+from celery_etcdlock import Mutex, connect, green
 from celery_etcdlock.cli import force_release
 from tests import poolapp
 from tests.procs import Proc
@@ -123,7 +125,7 @@ GEVENT_HOLDER = """
 from gevent import monkey; monkey.patch_all()
 import gc, os, sys, time
 import gevent, gevent.event, gevent.hub
-from celery_etcdlock import Mutex, connect
+from celery_etcdlock import Mutex, connect, green
 
 def native_thread():
     return monkey.get_original("_thread", "get_ident")()
@@ -187,11 +189,52 @@ def test_under_gevent_the_renewer_is_a_native_thread_with_connections_of_its_own
     holder.expect(r"on_lost ran in \['main thread'\]")
 
 
+# -- what an unpatched process runs: what it always did ------------------------------------------
+
+
+def test_an_unpatched_process_renews_from_a_threading_thread_through_its_backend(client: Any) -> None:
+    lock = Mutex(client, "plain", ttl=poolapp.LOCK_TTL)
+    assert lock.acquire()
+    session = client.session(poolapp.LOCK_TTL)
+    assert green.patched_by() is None and not session.green
+    assert session.renewing_backend is client.backend
+    assert isinstance(session._renewer, threading.Thread) and session._renewer.is_alive()
+    lock.release()
+
+
+def test_native_condition_wakes_its_waiter_on_notify_and_times_out_without() -> None:
+    condition = green.NativeCondition()
+    woke: list[bool] = []
+    waiting = threading.Event()
+
+    def waiter() -> None:
+        with condition:
+            waiting.set()
+            woke.append(condition.wait(60))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert waiting.wait(10)
+    with condition:  # the waiter holds the lock until wait() releases it: notify comes after
+        condition.notify()
+    thread.join(10)
+    assert woke == [True]
+    with condition:
+        assert condition.wait(0.01) is False  # nothing pending: times out
+        condition.notify()
+        condition.notify()  # a second notify while one is pending changes nothing
+        assert condition.wait(0) is True
+        assert condition.wait(0) is False
+
+
 # -- eventlet: refused ------------------------------------------------------------------------------
 
+# found, not imported: importing eventlet here would hook fork() in this process for the whole session
+needs_eventlet = pytest.mark.skipif(importlib.util.find_spec("eventlet") is None, reason="eventlet is not installed")
 
+
+@needs_eventlet
 def test_an_eventlet_worker_refuses_to_start() -> None:
-    pytest.importorskip("eventlet")
     with Proc.module(
         "celery", "-A", "tests.poolapp", "worker", "-P", "eventlet", "--without-mingle", "--without-gossip",
         env={"ETCDLOCK_TEST_REDIS_URL": "redis://127.0.0.1:9/1"}, name="celery-worker-eventlet",
@@ -200,8 +243,8 @@ def test_an_eventlet_worker_refuses_to_start() -> None:
         worker.expect_exit(1)
 
 
+@needs_eventlet
 def test_a_lock_in_an_eventlet_process_is_refused(etcd_url: str, spawn: Callable[..., Proc]) -> None:
-    pytest.importorskip("eventlet")
     child = spawn(
         """
         import eventlet; eventlet.monkey_patch()
