@@ -34,7 +34,7 @@ from celery_etcdlock import Mutex, connect, green
 from celery_etcdlock.cli import force_release
 from tests import poolapp
 from tests.procs import Proc
-from tests.servers import EtcdServer, RedisServer, wait_until
+from tests.support import EtcdServer, RedisServer, wait_until
 
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 COMPUTE = 2 * poolapp.LOCK_TTL  # seconds a run computes without yielding
