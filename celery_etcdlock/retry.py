@@ -24,7 +24,6 @@ endpoint (saying how many were not logged), then the giving up.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -32,7 +31,7 @@ from typing import TypeVar
 import tenacity
 import tenacity.stop
 
-from . import clock
+from . import clock, green
 from .errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ quick_backoff = tenacity.wait_exponential(multiplier=0.05, max=0.5) + tenacity.w
 LOG_EVERY = 10.0  # seconds between two retry warnings about one endpoint
 
 _logged: dict[str, tuple[float, int]] = {}  # endpoint -> (when a retry was last logged, retries not logged since)
-_logged_lock = threading.Lock()
+_logged_lock = green.native_lock()  # a renewer thread logs retries too, under gevent a native one
 
 
 def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
@@ -101,9 +100,13 @@ def call_policy(max_delay: float, operation: str, started: float) -> tenacity.Re
     )
 
 
-def renewal_policy(deadline: float, operation: str) -> tenacity.Retrying:
-    """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``)."""
+def renewal_policy(deadline: float, operation: str, sleep: Callable[[float], None] | None = None) -> tenacity.Retrying:
+    """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``).
+
+    ``sleep`` pauses between attempts (a renewer under gevent passes the real ``time.sleep``).
+    """
     return tenacity.Retrying(
+        sleep=sleep or tenacity.nap.sleep,
         retry=retry_if_transient,
         wait=quick_backoff,
         stop=tenacity.stop_before_delay(max(0.0, deadline - clock.now())),

@@ -43,10 +43,10 @@ from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
-from . import observe, signals
+from . import green, observe, signals
 from .client import Client
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
-from .errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked
+from .errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked, UnsupportedPool
 from .mutex import Mutex
 from .options import MAX_SECONDS
 from .queue import QueueState
@@ -662,6 +662,15 @@ def _finished(task: LimitedTask, task_id: str, patience: float = 2.0) -> bool:
 # holds nothing. revoke(terminate=True) and the soft time limit raise in the
 # child (billiard turns SIGTERM into SystemExit), so __call__'s finally
 # releases the lock; SIGKILL and the hard time limit leave it to the TTL.
+
+
+@celery_signals.worker_init.connect(weak=False)
+def _refuse_unsupported_pool(**_: Any) -> None:
+    """A worker whose pool cannot keep locks alive (eventlet) does not start: every locked task would fail."""
+    try:
+        green.check_pool()
+    except UnsupportedPool as exc:
+        raise SystemExit(f"celery_etcdlock: {exc}") from None  # Celery logs and ignores a handler's Exception
 
 
 @celery_signals.task_revoked.connect(weak=False)

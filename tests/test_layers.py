@@ -20,9 +20,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "options", "keys", "clock", "observe"}),
+    ("green", {"green"}),
     ("retry", {"retry"}),
-    ("backends", {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway",
-                  "backends.memory"}),  # fmt: skip
+    (
+        "backends",
+        {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway", "backends.memory",
+         "backends.native"},
+    ),  # fmt: skip
     ("session", {"session"}),
     ("client", {"client", "connect"}),
     ("queue", {"queue"}),

@@ -297,6 +297,17 @@ class Backend(abc.ABC):
 
     # -- process life -------------------------------------------------------
 
+    def native_twin(self) -> Backend:
+        """A backend for a native OS thread of a gevent process (a session's renewer), with connections of its own.
+
+        Under gevent, this backend's sockets, TLS and locks wait on the hub of the thread that
+        uses them, which a task that does not yield starves. The twin makes the same requests
+        on unpatched sockets, with OS locks (see ``green.py`` and ``backends/native.py``); it
+        shares nothing with this backend. A backend that makes no network requests may
+        return itself.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot renew from a native thread under gevent")
+
     @abc.abstractmethod
     def after_fork(self) -> None:
         """Drop connections inherited from a parent process; open new ones lazily."""

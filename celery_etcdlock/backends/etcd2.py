@@ -37,9 +37,10 @@ import etcd
 import urllib3
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from .. import retry
+from .. import green, retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
+from . import native
 from .base import (
     Backend,
     Entry,
@@ -109,12 +110,14 @@ class Etcd2Backend(Backend):
     entries_have_own_ttl = True  # no leases: each key has its TTL and is refreshed on its own
     queues_outlive_entries = True  # queues are directories: the renewer removes the unused ones
 
-    def __init__(self, options: ConnectionOptions) -> None:
+    def __init__(self, options: ConnectionOptions, *, native: bool = False) -> None:
         self.options = options
         self.prefix = options.prefix
         self.endpoints = options.endpoint_urls
+        self.native = native  # a native_twin: connections of its own on unpatched sockets, OS locks
         self._current = 0
-        self._local = threading.Lock()
+        self._new_lock = green.native_lock if native else threading.Lock
+        self._local = self._new_lock()
         self._clients: list[etcd.Client | None] = [None] * len(self.endpoints)
         self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
         self._cluster_ids: list[str | None] = [None] * len(self.endpoints)
@@ -126,12 +129,17 @@ class Etcd2Backend(Backend):
         )
         self._form_headers = {**self._headers, "Content-Type": "application/x-www-form-urlencoded"}
 
+    def native_twin(self) -> Etcd2Backend:
+        return Etcd2Backend(self.options, native=True)
+
     # -- HTTP ---------------------------------------------------------------
 
     def _pool(self, index: int) -> urllib3.HTTPConnectionPool:
-        """The connection pool of endpoint ``index`` (lock held): python-etcd's, looked up once."""
+        """The connection pool of endpoint ``index`` (lock held): python-etcd's, looked up once (or a native one)."""
         pool = self._pools[index]
-        if pool is None:
+        if pool is None and self.native:
+            pool = self._pools[index] = native.connection_pool(self.options, index)
+        elif pool is None:
             client = self._client(index)
             pool = self._pools[index] = client.http.connection_from_url(client.base_uri)
         return pool
@@ -222,9 +230,11 @@ class Etcd2Backend(Backend):
         expected, self._cluster_ids[index] = self._cluster_ids[index], cluster_id
         if expected and cluster_id != expected:
             with self._local:
-                client, self._pools[index] = self._clients[index], None
+                client, pool, self._pools[index] = self._clients[index], self._pools[index], None
             if client is not None:
                 client.http.clear()  # connect afresh next time
+            elif pool is not None:
+                pool.close()
             raise self._classify(endpoint, {}, f"The UUID of the cluster changed from {expected} to {cluster_id}.")
 
     def _error(self, endpoint: str, status: int, data: bytes) -> Exception:
@@ -511,7 +521,7 @@ class Etcd2Backend(Backend):
     # -- process life -------------------------------------------------------
 
     def after_fork(self) -> None:
-        self._local = threading.Lock()
+        self._local = self._new_lock()
         self._clients = [None] * len(self.endpoints)  # their connection pools belong to the parent
         self._pools = [None] * len(self.endpoints)
         self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would
@@ -520,6 +530,10 @@ class Etcd2Backend(Backend):
         for client in self._clients:
             if client is not None:
                 client.http.clear()
+        if self.native:
+            for pool in self._pools:
+                if pool is not None:
+                    pool.close()
         self._clients = [None] * len(self.endpoints)
         self._pools = [None] * len(self.endpoints)
         self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would

@@ -62,9 +62,10 @@ import urllib3
 from urllib3.exceptions import HTTPError
 from urllib3.util.retry import Retry
 
-from .. import retry
+from .. import green, retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
+from . import native
 from .base import peer_port_error
 
 logger = logging.getLogger(__name__)
@@ -125,17 +126,26 @@ def prefix_end(prefix: str) -> str:
 
 
 class Gateway:
-    """The v3 JSON gateway of a cluster's endpoints. Thread-safe; no I/O before the first request."""
+    """The v3 JSON gateway of a cluster's endpoints. Thread-safe; no I/O before the first request.
 
-    def __init__(self, options: ConnectionOptions) -> None:
+    ``native=True`` makes the gateway of a native thread in a gevent process (a session's
+    renewer): its connections are ``native.connection_pool``'s and its locks the OS's, so
+    that none of its requests waits on a hub.
+    """
+
+    def __init__(self, options: ConnectionOptions, *, native: bool = False) -> None:
         self.options = options
         self.endpoints = options.endpoint_urls
+        self.native = native
         self.current = 0  # the endpoint requests go to
-        self._local = threading.Lock()
+        self._new_lock = green.native_lock if native else threading.Lock
+        self._local = self._new_lock()
         self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
         self._api_paths = ["/v3/"] * len(self.endpoints)
-        self._answered = [False] * len(self.endpoints)  # has it ever answered like an etcd gateway?
-        self._auth_lock = threading.Lock()
+        # has it ever answered like an etcd gateway? A native gateway never probes what a server is (its probes
+        # would use gevent's sockets): the process's main gateway has talked to the server before it.
+        self._answered = [native] * len(self.endpoints)
+        self._auth_lock = self._new_lock()
         self._token: str | None = None
         self._auth_enabled = options.username is not None
 
@@ -265,7 +275,9 @@ class Gateway:
     def _pool(self, index: int) -> urllib3.HTTPConnectionPool:
         """The connection pool of endpoint ``index`` (lock held), made on first use."""
         pool = self._pools[index]
-        if pool is None:
+        if pool is None and self.native:
+            pool = self._pools[index] = native.connection_pool(self.options, index)
+        elif pool is None:
             host, port = self.options.endpoints[index]
             opts = self.options
             common: dict[str, Any] = {"maxsize": 32, "block": False, "retries": _NO_RETRIES, "timeout": opts.timeout}
@@ -489,8 +501,8 @@ class Gateway:
 
     def after_fork(self) -> None:
         # The parent's pools hold its sockets (and TLS state): drop them unclosed.
-        self._local = threading.Lock()
-        self._auth_lock = threading.Lock()
+        self._local = self._new_lock()
+        self._auth_lock = self._new_lock()
         self._pools = [None] * len(self.endpoints)
 
     def close(self) -> None:

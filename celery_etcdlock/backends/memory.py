@@ -453,6 +453,10 @@ class MemoryBackend(Backend):
 
     # -- process life -------------------------------------------------------
 
+    def native_twin(self) -> MemoryBackend:
+        # no network: the twin is this backend (its locks are held only for bookkeeping, never across a wait)
+        return self
+
     def after_fork(self) -> None:
         """Nothing to reconnect: the child's first operation raises (see ``_check_process``)."""
 
