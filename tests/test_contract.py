@@ -40,7 +40,7 @@ def any_client(request: pytest.FixtureRequest) -> Iterator[Client]:
     if request.param == "memory":
         url = f"memory://{name}"
     else:
-        server = request.getfixturevalue("etcd_server" if request.param == "v2" else "etcd3_server")
+        server = request.getfixturevalue("etcd34_server" if request.param == "v2" else "etcd35_server")
         url = server.url(prefix=f"/{name}")
     client = connect(url)
     yield client

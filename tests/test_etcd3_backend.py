@@ -32,9 +32,9 @@ from .test_gateway import count_requests
 
 
 @pytest.fixture
-def server(etcd3_server: EtcdServer) -> EtcdServer:
+def server(etcd35_server: EtcdServer) -> EtcdServer:
     """The session's etcd 3.5 without v2 (conftest)."""
-    return etcd3_server
+    return etcd35_server
 
 
 def make(url: str, **kwargs: Any) -> Etcd3Backend:

@@ -178,7 +178,7 @@ def lock_url(request: pytest.FixtureRequest) -> str:
     """``memory://``, as users will set it, and etcd3:// with a prefix of the test's own, to compare."""
     if request.param == "memory":
         return "memory://"
-    server: EtcdServer = request.getfixturevalue("etcd3_server")
+    server: EtcdServer = request.getfixturevalue("etcd35_server")
     return server.url(prefix=f"/t-{unique()}")
 
 

@@ -66,7 +66,7 @@ def redis_for_workers() -> Iterator[str]:
 @pytest.fixture(scope="module", params=["v2", "v3"])
 def workers(request: pytest.FixtureRequest, redis_for_workers: str) -> Iterator[dict[str, Any]]:
     """A gevent and a threads worker, on the v2 API (etcd 3.4) or the v3 API (etcd 3.5)."""
-    server: EtcdServer = request.getfixturevalue("etcd_server" if request.param == "v2" else "etcd3_server")
+    server: EtcdServer = request.getfixturevalue("etcd34_server" if request.param == "v2" else "etcd35_server")
     etcd_url = server.url(prefix=f"/pools-{uuid.uuid4().hex[:8]}")
     poolapp.app.conf.update(etcdlock_url=etcd_url, broker_url=redis_for_workers, result_backend=redis_for_workers)
     procs = [start_worker(pool, etcd_url, redis_for_workers) for pool in POOLS]  # started together: each is slow

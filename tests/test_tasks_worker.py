@@ -87,7 +87,7 @@ def redis_for_workers() -> Iterator[str]:
 def worker(request: pytest.FixtureRequest, redis_for_workers: str) -> Iterator[Worker]:
     """A prefork worker on the v2 API (etcd 3.4) or the v3 API (etcd 3.5)."""
     api = request.param
-    server = request.getfixturevalue("etcd_server" if api == "v2" else "etcd3_server")
+    server = request.getfixturevalue("etcd34_server" if api == "v2" else "etcd35_server")
     etcd_url = server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
     taskapp.configure(etcd_url, redis_for_workers)
     started = Worker(etcd_url, redis_for_workers)
