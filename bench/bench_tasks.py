@@ -1,15 +1,16 @@
 """The task benchmark: what a singleton task run costs, through a real Celery worker, as users run one.
 
-    python -m bench.bench_tasks                      # the full run (about 5 minutes on 2 cores)
+    python -m bench.bench_tasks                      # the full run (about 6 minutes on 2 cores)
     python -m bench.bench_tasks --quick              # a smoke run (about 1.5 minutes)
     python -m bench.bench_tasks --serial 200 --profile 2000 --json out.json
 
 Real processes throughout: etcd 3.4 with the v2 API (``etcd://``) and etcd 3.5
 with v3 (``etcd3://``), one Redis (broker, result backend, celery-singleton's
 locks), and a worker per etcd API, ``celery -A bench.taskapp worker -P prefork
--c 2 -l info``, each on a queue of its own. Per round, in an order that rotates
-from round to round, every variant gets a warm-up of ``--warmup`` tasks, then a
-batch of ``--tasks`` tasks with distinct keys sent at once:
+-c 2 -l info``, each on a queue of its own. Per round every variant gets a
+warm-up of ``--warmup`` tasks, then a batch of ``--tasks`` tasks with distinct
+keys sent at once, next to the plain batch of its worker (the order turns
+every round):
 
 - a plain task on each worker (the reference), ``singleton_task`` on etcd://
   and on etcd3://, and celery-singleton (on the first worker; it needs only Redis);
@@ -22,15 +23,17 @@ batch of ``--tasks`` tasks with distinct keys sent at once:
   for celery-singleton's Redis), measured in this process before and after the
   rounds, as bench_locks measures it;
 - requests and raft proposals per run from the server's /metrics, and Redis
-  commands per run from INFO, over the batch and the quiet second after it.
+  commands per run from INFO, over the batch and the quiet moment after it (6 s
+  after a v2 batch: a v2 session removes a released queue's directory 5 s later);
+- CPU per run of every process (the kernel's count, /proc/<pid>/stat).
 
 ``--serial N``: N runs of each variant one at a time (round-robin), the time
 from send to result: what one run costs on an idle machine. ``--profile N``:
-N more tasks of each variant with py-spy sampling the worker (children and main
-process); prints where the children's CPU goes (bench/task_profile.py) and
-keeps the raw samples.
+N more tasks of each variant with py-spy sampling the worker, then
+``--profile-calls`` tasks of each on workers that count calls with cProfile;
+prints where the pool children's time goes (bench/task_profile.py) and keeps
+the raw profiles.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -218,10 +221,13 @@ class Bench:
               f"T {timing['seconds']:.2f} s  etcd requests/run {etcd:.2f}", flush=True)
 
     def rounds(self) -> None:
+        """Each variant next to its worker's plain batch (machine noise drifts); the orders turn every round."""
+        groups = [[v for v in self.variants if v.api == api] for api in self.workers]
         for round_no in range(self.args.rounds):
-            shift = round_no % len(self.variants)
-            for variant in self.variants[shift:] + self.variants[:shift]:
-                self.batch(variant, round_no)
+            shift = round_no % len(groups)
+            for group in groups[shift:] + groups[:shift]:
+                for variant in group if round_no % 2 == 0 else reversed(group):
+                    self.batch(variant, round_no)
 
     def serial(self) -> None:
         """One run at a time, round-robin over the variants: the time from send to result."""
