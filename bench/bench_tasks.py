@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import HOST, Servers, cpu_seconds, fmt, markdown_table, median, ratio, stop_process, wait_for
+from bench.locks.kinds import make_impl, warm_up
 from bench.locks.uncontended import task_uncontended
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,7 +173,8 @@ class Bench:
         self.taskapp = taskapp
         self.next_key = 0
         self.runs: dict[tuple[str, str], int] = {(api, "plain"): 1 for api in workers}  # wait_ready's task
-        self.results: dict[str, Any] = {"batches": [], "serial": {}, "floors_ms": {}, "profile": {}}
+        self.results: dict[str, Any] = {"batches": [], "serial": {}, "floors_ms": {}, "floor_cpu_ms": {},
+                                        "profile": {}}
 
     def task(self, variant: Variant) -> Any:
         return getattr(self.taskapp, variant.task)
@@ -198,12 +200,27 @@ class Bench:
         return {"seconds": finished - started, "send_seconds": sent - started}
 
     def floors(self, when: str) -> None:
+        """The floors' latency (interleaved, as bench_locks times them), then the CPU each costs, one at a time."""
         kinds = sorted({v.floor for v in self.variants})
         n = self.args.floor
         print(f"floors ({when}): {', '.join(kinds)} x {n}, interleaved", flush=True)
-        raw = task_uncontended(self.servers.ports(), kinds, iterations=n, warmup=20, ttl=30.0)
+        ports = self.servers.ports()
+        raw = task_uncontended(ports, kinds, iterations=n, warmup=20, ttl=30.0)
         for kind, data in raw.items():
             self.results["floors_ms"].setdefault(kind, {})[when] = data["ms"]
+        for kind in kinds:
+            server = self.counters.processes[{"floor-v2": "etcd-v2", "floor-v3": "etcd-v3"}.get(kind, "redis")][0]
+            impl = make_impl(kind, ports, 30.0)
+            warm_up(impl)
+            client, served = time.process_time(), cpu_seconds(server)
+            for _ in range(n):
+                handle = impl.lock(f"floor-cpu-{kind}")
+                handle.acquire()
+                handle.release()
+            client, served = time.process_time() - client, cpu_seconds(server) - served
+            impl.close()
+            self.results["floor_cpu_ms"].setdefault(kind, {})[when] = {"client": 1000 * client / n,
+                                                                        "server": 1000 * served / n}
 
     def batch(self, variant: Variant, round_no: int) -> None:
         self.send_and_wait(variant, self.args.warmup)
@@ -315,7 +332,9 @@ def summarize(results: dict[str, Any], todo: list[Variant]) -> dict[str, Any]:
     batches = {(b["variant"], b["round"]): b for b in results["batches"]}
     rounds = sorted({b["round"] for b in results["batches"]})
     floors = {kind: median(ms["before"] + ms["after"]) for kind, ms in results["floors_ms"].items()}
-    out: dict[str, Any] = {"floors_ms": floors, "variants": {}}
+    floor_cpu = {kind: {part: median([c[part] for c in by_when.values()]) for part in ("client", "server")}
+                 for kind, by_when in results["floor_cpu_ms"].items()}
+    out: dict[str, Any] = {"floors_ms": floors, "floor_cpu_ms": floor_cpu, "variants": {}}
     for v in todo:
         runs = [batches[(v.key, r)] for r in rounds if (v.key, r) in batches]
         if not runs:
@@ -411,12 +430,18 @@ def report(results: dict[str, Any], todo: list[Variant], args: argparse.Namespac
             continue
         cpu = r["cpu_ms_per_run"]
         plain_all = s["variants"].get(v.reference, {}).get("cpu_ms_per_run", {}).get("all", math.nan)
-        rows.append([r["label"], *[cpu[g] for g in groups], None if v.plain else cpu["all"] - plain_all])
-    out.append(markdown_table(["variant", *groups, "added, all"], rows))
+        added = None if v.plain else cpu["all"] - plain_all
+        floor = s["floor_cpu_ms"].get(v.floor)
+        floor_cpu = floor["client"] + floor["server"] if floor else math.nan
+        rows.append([r["label"], *[cpu[g] for g in groups], added, floor_cpu, ratio(added, floor_cpu)])
+    out.append(markdown_table(["variant", *groups, "added, all", "floor CPU (client + server)",
+                               "added CPU / floor CPU"], rows))
     out.append("")
     floors = results["floors_ms"]
     out.append("Floors (median ms, before / after the rounds): " + "; ".join(
-        f"{kind} {median(ms['before']):.2f} / {median(ms['after']):.2f}" for kind, ms in floors.items()) + ".")
+        f"{kind} {median(ms['before']):.2f} / {median(ms['after']):.2f} (CPU per create+delete: "
+        f"{s['floor_cpu_ms'][kind]['client']:.2f} client, {s['floor_cpu_ms'][kind]['server']:.2f} server)"
+        for kind, ms in floors.items()) + ".")
     out.append("Each cell: the median of the runs, (lowest to highest). A plain row's added time is its runs "
                "against their own median: the noise of the measurement.")
     out.append("")

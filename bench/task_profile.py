@@ -119,7 +119,7 @@ SUSPECTS: list[tuple[str, Callable[[Sample], bool]]] = [
     ("JSON encode/decode under our code (ours and requests')", _entered_from_ours("json")),
     ("base64 under our code", _entered_from_ours("base64")),
     ("lock name from the arguments (task_options: signature bind, json.dumps)", _on_stack(_in("task_options.py"))),
-    ("runtime Protocol isinstance checks (typing)", _entered_from_ours("typing")),
+    ("runtime Protocol isinstance checks (typing; requests 2.34's own)", _entered_from_ours("typing")),
     ("HTTP response headers parsed by http.client (email.feedparser)", _entered_from_ours("email")),
 ]
 
@@ -211,13 +211,13 @@ def _ours_sections(label: str, r: Sampled, ours: Profile, top: int) -> list[str]
 
 
 # The functions whose calls per run say whether a suspect is real: (what, file suffix, function name, callers
-# to count: None for every call, else only calls from files whose path contains this).
+# to count: None for every call, else only the calls from files whose path contains this).
 CALLS: list[tuple[str, str, str, str | None]] = [
     ("Settings.from_app", "celery_etcdlock/settings.py", "from_app", None),
     ("client_for", "celery_etcdlock/settings.py", "client_for", None),
     ("check_ttl", "celery_etcdlock/session.py", "check_ttl", None),
-    ("Logger.info from celery_etcdlock", "logging/__init__.py", "info", OURS),
-    ("Logger.debug from celery_etcdlock", "logging/__init__.py", "debug", OURS),
+    ("Logger.info from celery_etcdlock", "logging/__init__.py", "info", f"{OURS}/"),
+    ("Logger.debug from celery_etcdlock", "logging/__init__.py", "debug", f"{OURS}/"),
     ("StreamHandler.emit (every log line written)", "logging/__init__.py", "emit", None),
     ("QueueLock.__init__ (a lock object)", "celery_etcdlock/queue.py", "__init__", None),
     ("Client.session", "celery_etcdlock/client.py", "session", None),
@@ -225,7 +225,7 @@ CALLS: list[tuple[str, str, str, str | None]] = [
     ("socket.gethostname", "~", "<built-in method _socket.gethostname>", None),
     ("Session._schedule (wakes the renewer if due sooner)", "celery_etcdlock/session.py", "_schedule", None),
     ("Session.next_due", "celery_etcdlock/session.py", "next_due", None),
-    ("Condition.notify", "threading.py", "notify", None),
+    ("Condition.notify from Session._schedule (a renewer woken)", "threading.py", "notify", f"{OURS}/session.py"),
     ("requests Session.request", "requests/sessions.py", "request", None),
     ("urllib3 HTTPConnectionPool.urlopen", "urllib3/connectionpool.py", "urlopen", None),
     ("json.dumps", "json/__init__.py", "dumps", None),
