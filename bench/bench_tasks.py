@@ -277,7 +277,7 @@ class Bench:
         for variant in self.variants:
             worker = self.workers[variant.api]
             self.send_and_wait(variant, self.args.warmup)
-            time.sleep(variant.quiet)
+            time.sleep(max(v.quiet for v in self.variants if v.api == variant.api))  # what ran before is done
             path = directory / f"{variant.key}.txt"
             recording = Recording(worker.process.pid, path, rate=rate)
             time.sleep(1.0)  # py-spy attaches to every process first

@@ -178,7 +178,7 @@ def render_samples(recordings: dict[str, Sampled], top: int = 12) -> str:
     out.append("")
     for label, r in recordings.items():
         ours = r.busy.where(lambda s: under_ours(s) is not None)
-        if ours.total():
+        if ours.total() > 0.1 * r.busy.total():  # not a plain task's worker, where only a v2 tidy-up shows
             out += _ours_sections(label, r, ours, top)
     return "\n".join(out)
 
