@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-# the one place bench/ imports the tests' servers from (bench_beat.py takes EtcdServer and RedisServer from here)
+# the one place bench/ imports the tests' servers from: bench_beat and bench_transport take EtcdServer and
+# RedisServer from here
 from tests.support import HOST, EtcdServer, RedisServer, ServerError
 
 # -- /metrics ----------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def _requests_above_urllib3(sample: Sample) -> bool:
 # The suspects of issue 17, and what else the profile showed, as the samples that show each.
 SUSPECTS: list[tuple[str, Callable[[Sample], bool]]] = [
     ("settings read (settings.py: Settings.from_app, client_for)", _on_stack(_in("settings.py"))),
-    ("log calls from our code (logging: INFO lines formatted and written)", _entered_from_ours("logging")),
+    ("log calls from our code (logging; lines formatted and written when enabled)", _entered_from_ours("logging")),
     ("a new lock object per call (Mutex/QueueLock.__init__)",
      _on_stack(lambda f: _fn("mutex.py", "__init__")(f) or _fn("queue.py", "__init__")(f))),
     ("session lookup (Client.session)", _on_stack(_fn("client.py", "session"))),
@@ -121,6 +121,7 @@ SUSPECTS: list[tuple[str, Callable[[Sample], bool]]] = [
     ("lock name from the arguments (task_options: signature bind, json.dumps)", _on_stack(_in("task_options.py"))),
     ("runtime Protocol isinstance checks (typing; requests 2.34's own)", _entered_from_ours("typing")),
     ("HTTP response headers parsed by http.client (email.feedparser)", _entered_from_ours("email")),
+    ("events and signals (observe.py, signals.py)", _on_stack(lambda f: _in("observe.py")(f) or _in("signals.py")(f))),
 ]
 
 
@@ -215,7 +216,8 @@ def _ours_sections(label: str, r: Sampled, ours: Profile, top: int) -> list[str]
 CALLS: list[tuple[str, str, str, str | None]] = [
     ("Settings.from_app", "celery_etcdlock/settings.py", "from_app", None),
     ("client_for", "celery_etcdlock/settings.py", "client_for", None),
-    ("check_ttl", "celery_etcdlock/session.py", "check_ttl", None),
+    ("check_ttl", "celery_etcdlock/options.py", "check_ttl", None),
+    ("check_seconds", "celery_etcdlock/options.py", "check_seconds", None),
     ("Logger.info from celery_etcdlock", "logging/__init__.py", "info", f"{OURS}/"),
     ("Logger.debug from celery_etcdlock", "logging/__init__.py", "debug", f"{OURS}/"),
     ("StreamHandler.emit (every log line written)", "logging/__init__.py", "emit", None),
@@ -233,6 +235,7 @@ CALLS: list[tuple[str, str, str, str | None]] = [
     ("base64.b64encode", "base64.py", "b64encode", None),
     ("base64.b64decode", "base64.py", "b64decode", None),
     ("inspect.Signature.bind (lock name)", "inspect.py", "bind", None),
+    ("observe.listening (events)", "celery_etcdlock/observe.py", "listening", None),
     ("typing._get_protocol_attrs (Protocol isinstance)", "typing.py", "_get_protocol_attrs", None),
 ]
 
