@@ -43,11 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import markdown_table
+from bench.common import EtcdServer, markdown_table
 from celery_etcdlock.backends.etcd3 import Etcd3Backend
 from celery_etcdlock.backends.gateway import Gateway
 from celery_etcdlock.connect import parse_url
-from tests.support import EtcdServer
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = "4c2413a"  # the last gateway.py on requests

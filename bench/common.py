@@ -34,6 +34,7 @@ import re
 import shutil
 import signal
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -42,6 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+# the one place bench/ imports the tests' servers from: bench_beat and bench_transport take EtcdServer and
+# RedisServer from here
 from tests.support import HOST, EtcdServer, RedisServer, ServerError
 
 # -- /metrics ----------------------------------------------------------------------------------
@@ -113,6 +116,11 @@ class BenchEtcd:
         return self.server.client_url
 
     @property
+    def pid(self) -> int:
+        assert self.server.process is not None, "not started"
+        return self.server.process.pid
+
+    @property
     def requests_metric(self) -> str:
         return "etcd_http_received_total" if self.api == "v2" else "grpc_server_msg_received_total"
 
@@ -151,6 +159,11 @@ class BenchRedis:
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def pid(self) -> int:
+        assert self.server.process is not None, "not started"
+        return self.server.process.pid
 
     def start(self) -> BenchRedis:
         import redis
@@ -557,6 +570,40 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     for row in rows:
         lines.append("| " + " | ".join(fmt(cell) for cell in row) + " |")
     return "\n".join(lines)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process ``pid`` has used so far; nan if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it if it has not ended within ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll ``predicate()`` until it returns something truthy (and return that); TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
 
 
 def sleep_until(moment: float) -> None:
