@@ -45,7 +45,7 @@ from typing import Any
 
 # the one place bench/ imports the tests' servers from: bench_beat and bench_transport take EtcdServer and
 # RedisServer from here
-from tests.support import HOST, EtcdServer, RedisServer, ServerError
+from tests.support import HOST, EtcdServer, RedisServer, ServerError, wait_until
 
 # -- /metrics ----------------------------------------------------------------------------------
 
@@ -594,16 +594,8 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
         process.wait()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    """Poll ``predicate()`` until it returns something truthy (and return that); TimeoutError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+# a poll with a deadline: the tests' own (it raises TimedOut, an AssertionError, when the time is up)
+wait_for = wait_until
 
 
 def sleep_until(moment: float) -> None:
