@@ -692,3 +692,83 @@ def test_reschedule_gives_up_after_reschedule_for(celery_worker: Any, etcd: Any)
         handle = give_up.delay(1)
         with pytest.raises(TaskLocked, match="gave up after being rescheduled"):
             handle.get(timeout=30, propagate=True)
+
+
+# -- signals and events ------------------------------------------------------------------------------
+
+
+def test_lock_and_leader_signals_carry_what_they_document(etcd: Any) -> None:
+    from celery_etcdlock import Election, signals
+    from celery_etcdlock.cli import force_release
+    from tests.support import wait_until
+
+    seen: dict[str, list[dict[str, Any]]] = {name: [] for name in
+                                             ("lock_acquired", "lock_released", "lock_lost", "leader_elected",
+                                              "leader_deposed")}  # fmt: skip
+    receivers = {name: (lambda sender, _n=name, **kw: seen[_n].append({"sender": sender, **kw})) for name in seen}
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver)
+    try:
+        lock = Mutex(etcd, "signalled", ttl=3, data={"task_id": "t-9"})
+        assert lock.acquire(timeout=5)
+        lock.release()
+        assert lock.acquire(timeout=5)
+        force_release(etcd, "signalled")
+        wait_until(lambda: seen["lock_lost"], 10, "lock_lost")
+        lock.release()
+        election = Election(etcd, "signalled", identity="me", ttl=3)
+        assert election.campaign(timeout=5)
+        election.resign()
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver)
+    acquired, released, lost = seen["lock_acquired"][0], seen["lock_released"][0], seen["lock_lost"][0]
+    assert acquired["sender"] == acquired["name"] == "signalled" and acquired["kind"] == "mutex"
+    assert acquired["task_id"] == "t-9" and acquired["holder"] == lock.holder and acquired["waited"] >= 0
+    assert released["token"] == acquired["token"] and released["held"] >= 0
+    assert lost["cause"] == "deleted" and lost["token"] > acquired["token"]
+    elected = {k: v for k, v in seen["leader_elected"][0].items() if k != "signal"}
+    assert elected == {"sender": "signalled", "name": "signalled", "identity": "me", "token": elected["token"]}
+    assert seen["leader_deposed"][0]["cause"] is None  # it resigned
+
+
+@pytest.mark.parametrize("celery_worker_parameters", [{"concurrency": 2, "shutdown_timeout": 30, "task_events": True}])
+def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: Any, celery_worker: Any) -> None:
+    from celery_etcdlock import signals
+
+    skipped: list[dict[str, Any]] = []
+    received: list[dict[str, Any]] = []
+
+    def on_skipped(sender: Any, **kwargs: Any) -> None:
+        skipped.append({"sender": sender, **kwargs})
+
+    signals.task_skipped.connect(on_skipped)
+    assert signals._events["enabled"], "the worker, started with task events on (-E), did not turn ours on"
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"*": received.append})
+            receiver.capture(limit=None, timeout=20, wakeup=False)
+
+    def probe_arrived() -> bool:  # the receiver listens once an event sent now reaches it
+        signals.send_event("test-probe")
+        return any(e["type"] == "test-probe" for e in received)
+
+    from tests.support import wait_until
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        wait_until(probe_arrived, 20, "the event receiver to listen", interval=0.1)
+        name = sync_customer.lock_name_for((77,))
+        with Mutex(etcd, name, ttl=5, data={"task_id": "holder-1", "task": "x", "hostname": "h"}):
+            handle = sync_customer.delay(77)
+            assert handle.get(timeout=30) is None
+        wait_until(lambda: [e for e in received if e["type"] == "task-skipped"], 20, "the task-skipped event")
+    finally:
+        signals.task_skipped.disconnect(on_skipped)
+        signals._events.update(enabled=False)
+    assert skipped and skipped[0]["sender"].name == sync_customer.name and skipped[0]["task_id"] == handle.id
+    assert skipped[0]["lock_name"] == name and skipped[0]["holders"][0]["data"]["task_id"] == "holder-1"
+    [event] = [e for e in received if e["type"] == "task-skipped"]
+    assert event["uuid"] == handle.id and event["name"] == sync_customer.name and event["lock"] == name
+    assert event["holders"][0]["data"]["task_id"] == "holder-1"
