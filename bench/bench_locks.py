@@ -21,6 +21,8 @@ Workloads (``--only``), one module each under bench/locks/:
   queued waiter takes to get the lock.
 - ``election``: 3 candidates, ttl 3: new leader after resign() and after SIGKILL.
 - ``rwlock``: a 90/10 read/write mix under RWLock against Mutex doing the same work.
+- ``semaphore``: a Semaphore of 4 against a Mutex at 2/8/32 processes: acquisitions/s,
+  proposals per acquisition, fairness, over-admissions.
 - ``hold``: 500 locks held for 10 s with ttl 5: keep-alive requests per second.
 """
 

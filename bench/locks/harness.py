@@ -48,6 +48,8 @@ class Settings:
     rw_cells: list[tuple[float, list[int]]] = field(default_factory=lambda: [(0.020, [2, 8, 32]), (0.005, [8])])
     rw_seconds: float = 3.0
     rw_read_share: float = 0.9
+    semaphore_seconds: float = 3.0
+    semaphore_work: float = 0.005
     hold_count: int = 500
     hold_ttl: float = 5.0
     hold_window: float = 10.0
@@ -61,14 +63,14 @@ class Settings:
             uncontended_iterations=50, uncontended_warmup=5,
             contention_procs=[2, 8], contention_seconds=1.0, contention_rounds=1,
             killed_trials=1, resign_trials=2, kill_trials=1,
-            rw_cells=[(0.020, [8])], rw_seconds=1.0,
+            rw_cells=[(0.020, [8])], rw_seconds=1.0, semaphore_seconds=1.0,
             hold_count=100, hold_window=2.0,
         )  # fmt: skip
 
     def processes_needed(self) -> int:
         """The most worker processes one workload of this run uses at once."""
         needed = [16]  # killed and election: two and three per kind
-        if "contention" in self.only:
+        if "contention" in self.only or "semaphore" in self.only:
             needed += self.contention_procs
         if "rwlock" in self.only:
             needed += [n for _, procs in self.rw_cells for n in procs]

@@ -8,7 +8,7 @@ report (a heading, a table, notes).
 from __future__ import annotations
 
 from bench.common import markdown_table
-from bench.locks import contention, election, hold, killed, rwlock, targets, uncontended
+from bench.locks import contention, election, hold, killed, rwlock, semaphore, targets, uncontended
 
 WORKLOADS = {
     "uncontended": uncontended,
@@ -16,6 +16,7 @@ WORKLOADS = {
     "killed": killed,
     "election": election,
     "rwlock": rwlock,
+    "semaphore": semaphore,
     "hold": hold,
 }
 
@@ -25,7 +26,7 @@ def report(results: dict) -> str:
     for name, workload in WORKLOADS.items():
         if results.get(name):
             out += workload.render(results, results["settings"])
-    rows = targets.check(results)
+    rows = targets.check(results) + targets.check_semaphore(results)
     if rows:
         out += ["### Targets\n", markdown_table(["target", "measured", "met"], rows), ""]
     out += [f"- note: {note}" for note in results.get("notes", [])]

@@ -81,3 +81,21 @@ def check(results: dict) -> list[list[Any]]:
         k = hold["keepalive_per_second"]
         rows.append([f"v3 {hold['locks']} locks held: <= 1 keep-alive request/s", f"{k:.2f}/s", k <= 1])
     return rows
+
+
+def check_semaphore(results: dict) -> list[list[Any]]:
+    """Issue 14's targets for the semaphore of 4: proposals per acquisition, fairness, no over-admission."""
+    rows: list[list[Any]] = []
+    for key, by_n in results.get("semaphore", {}).items():
+        limit, api = key.split("-")
+        if limit == "1" or not by_n:
+            continue
+        proposals = {n: r["proposals_per_op"] for n, r in by_n.items()}
+        most = max(proposals.values())
+        rows.append([f"{api} semaphore of {limit}: proposals per acquisition <= 2.1 at every count",
+                     " / ".join(f"{p:.2f}" for p in proposals.values()), most <= 2.1])
+        fairness = min(r["fairness"] for r in by_n.values())
+        rows.append([f"{api} semaphore of {limit}: fairness min/max >= 0.9", f"{fairness:.2f}", fairness >= 0.9])
+        over = sum(r["overlaps"] for r in by_n.values())
+        rows.append([f"{api} semaphore of {limit}: over-admissions = 0", str(over), over == 0])
+    return rows
