@@ -99,12 +99,17 @@ class BenchEtcd:
     the JSON gateway forwards each HTTP call as one).
     """
 
-    def __init__(self, version: str, api: str) -> None:
-        self.server = EtcdServer(version, enable_v2=api == "v2", api=api, name="etcdlock-bench")
+    def __init__(self, version: str, api: str, server: EtcdServer | None = None) -> None:
+        self.server = server or EtcdServer(version, enable_v2=api == "v2", api=api, name="etcdlock-bench")
+        self._api = api
+
+    def as_api(self, api: str) -> BenchEtcd:
+        """The same server, measured for another API (etcd 3.4 with --enable-v2 also serves v3)."""
+        return BenchEtcd(self.server.version, api, self.server)
 
     @property
     def api(self) -> str:
-        return self.server.api
+        return self._api
 
     @property
     def port(self) -> int:
@@ -216,7 +221,9 @@ class Servers(contextlib.AbstractContextManager["Servers"]):
         self.close()
 
     def ports(self) -> dict[str, int]:
-        return {name: s.port for name, s in (("v2", self.v2), ("v3", self.v3), ("redis", self.redis)) if s}
+        """Where each API is served; "v3-3.4" is the v3 API of etcd 3.4 (the v2 server serves both)."""
+        servers = (("v2", self.v2), ("v3", self.v3), ("v3-3.4", self.v2), ("redis", self.redis))
+        return {name: s.port for name, s in servers if s}
 
     def close(self) -> None:
         for server in (self.v2, self.v3, self.redis):

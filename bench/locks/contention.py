@@ -27,7 +27,7 @@ from bench.common import markdown_table, ratio
 from bench.locks.harness import Harness, merge_runs, read_counter, timed_phases, write_counter
 from bench.locks.kinds import KINDS, LABELS, Impl, make_impl, warm_up
 
-PEER_OF = {"ours-v2": "etcd.Lock", "ours-v3": "tooz-etcd3gw"}
+PEER_OF = {"ours-v2": "etcd.Lock", "ours-v3": "tooz-etcd3gw", "ours-v3-3.4": "tooz-etcd3gw-3.4"}
 
 COUNTERS = {
     "v2": "etcd 3.4 v2: `etcd_server_proposals_committed_total`, requests = `etcd_http_received_total`",
@@ -73,7 +73,7 @@ def task_contend(kind: str, ports: dict[str, int], name: str, counter: str, ttl:
 
 def run(h: Harness) -> None:
     s = h.settings
-    kinds = h.kinds(floors=False)
+    kinds = h.kinds(floors=False, on_34=True)
     runs: dict[str, dict[int, list[dict]]] = {k: {n: [] for n in s.contention_procs} for k in kinds}
     for round_no in range(s.contention_rounds):
         order = kinds if round_no % 2 == 0 else list(reversed(kinds))

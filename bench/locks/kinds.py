@@ -36,7 +36,7 @@ OURS_PREFIX = "/etcdlock-bench"
 class LockKind:
     key: str  # id used on the command line and in the JSON
     label: str  # what the tables call it
-    server: str  # "v2", "v3" or "redis": where it runs (and whose counters measure it)
+    server: str  # "v2", "v3", "v3-3.4" (v3 on etcd 3.4) or "redis": where it runs (and whose counters measure it)
     ours: bool = False
     floor: bool = False  # a raw create + delete, not a lock: only for the uncontended floor
 
@@ -50,6 +50,9 @@ KINDS = {
         LockKind("floor-v3", "raw etcd3gw create+delete", "v3", floor=True),
         LockKind("ours-v3", "celery_etcdlock etcd3://", "v3", ours=True),
         LockKind("tooz-etcd3gw", "tooz etcd3gw lock", "v3"),
+        # the same two on etcd 3.4's v3 API: contention only
+        LockKind("ours-v3-3.4", "celery_etcdlock etcd3:// on etcd 3.4", "v3-3.4", ours=True),
+        LockKind("tooz-etcd3gw-3.4", "tooz etcd3gw lock on etcd 3.4", "v3-3.4"),
         LockKind("floor-redis", "raw redis SET NX + DEL", "redis", floor=True),
         LockKind("redis-lock", "python-redis-lock", "redis"),
     )
@@ -62,7 +65,7 @@ def connect_ours(api: str, ports: dict[str, int]) -> Any:
     """A celery_etcdlock client on the benchmark's etcd for ``api`` ("v2" or "v3")."""
     from celery_etcdlock import connect
 
-    scheme = "etcd" if api == "v2" else "etcd3"
+    scheme = "etcd" if api == "v2" else "etcd3"  # "v3" and "v3-3.4"
     return connect(f"{scheme}://{HOST}:{ports[api]}?prefix={OURS_PREFIX}")
 
 
@@ -305,6 +308,8 @@ IMPLS: dict[str, type[Impl]] = {
     "floor-v3": RawV3,
     "ours-v3": OursMutex,
     "tooz-etcd3gw": ToozEtcd3gw,
+    "ours-v3-3.4": OursMutex,
+    "tooz-etcd3gw-3.4": ToozEtcd3gw,
     "floor-redis": RawRedis,
     "redis-lock": RedisLock,
 }
