@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 READ, WRITE, SLOT = "read", "write", "slot"
 MODES = (READ, WRITE, SLOT)
 _HOSTNAME = socket.gethostname()
+_holder = (0, "")  # (pid, "host:pid") of the last process that asked
 MAX_DATA_BYTES = 64 * 1024  # what a holder may record in its entry: every waiter reads every entry
 
 
@@ -181,7 +182,7 @@ class QueueLock:
         self._waiting: SessionKey | None = None
         self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
-        self._cancelled = threading.Event()
+        self._cancelled = False  # set by cancel(), under _state
         self._reported: SessionKey | None = None  # the key whose loss on_lost was told of: once per hold
         self._abort: threading.Event | None = None
 
@@ -216,7 +217,12 @@ class QueueLock:
 
     @property
     def holder(self) -> str:
-        return f"{_HOSTNAME}:{os.getpid()}"
+        """``host:pid`` of this process (a forked child has its own)."""
+        global _holder
+        pid = os.getpid()
+        if _holder[0] != pid:
+            _holder = (pid, f"{_HOSTNAME}:{pid}")
+        return _holder[1]
 
     def acquire(
         self,
@@ -240,7 +246,7 @@ class QueueLock:
         try:
             if self._held is not None:
                 raise InvalidUse(f"lock {self.name!r} is already held by this object (lock objects are not reentrant)")
-            self._cancelled.clear()
+            self._cancelled = False
             self._abort = abort
             self.conflict = None
             waits = blocking and timeout != 0
@@ -271,7 +277,7 @@ class QueueLock:
     def cancel(self) -> None:
         """Make a blocked ``acquire()`` in another thread give up (it returns False) and leave the queue now."""
         with self._state:
-            self._cancelled.set()
+            self._cancelled = True
             waiting = self._waiting
         if waiting is not None:
             self._session.leave(waiting)
@@ -425,7 +431,7 @@ class QueueLock:
             self._report(observe.CONFLICT, state=state, blocking=waits)
 
     def _given_up(self) -> bool:
-        return self._cancelled.is_set() or (self._abort is not None and self._abort.is_set())
+        return self._cancelled or (self._abort is not None and self._abort.is_set())
 
     def _wait_with(self, skey: SessionKey) -> bool:
         """Make ``skey`` the one cancel() deletes; False if cancel() came first."""

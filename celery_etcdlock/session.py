@@ -234,7 +234,7 @@ class Session:
                     self.backend.delete_entry(entry)
                 continue
             try:
-                self._schedule()
+                self._schedule(lease)
             except BaseException:  # no renewer (say, no thread could start): the entry must not stay
                 with self._mutex:
                     self._forget(skey)
@@ -379,9 +379,21 @@ class Session:
 
     # -- the renewer thread -----------------------------------------------------
 
-    def _schedule(self) -> None:
-        """Make sure the renewer runs when the session is next due: start it, or wake it if sooner."""
+    def _schedule(self, joined: SessionLease | None = None) -> None:
+        """Make sure the renewer runs when the session is next due: start it, or wake it if sooner.
+
+        ``joined``: the lease a key was just added to; when the running renewer is due to wake
+        before that lease needs it anyway (the common case), nothing else can have changed.
+        """
         with self._wakeup:
+            renewer = self._renewer
+            if (
+                joined is not None
+                and renewer is not None
+                and renewer.is_alive()
+                and min(joined.next_renewal, joined.deadline) >= self._wake_at
+            ):
+                return
             due = self.next_due
             if self._renewer is None or not self._renewer.is_alive():
                 thread = green.NativeThread if self.green else threading.Thread
