@@ -218,6 +218,11 @@ class QueueLock:
     def holder(self) -> str:
         return f"{_HOSTNAME}:{os.getpid()}"
 
+    @property
+    def primitive(self) -> str:
+        """What the lock is in reports and metrics: "mutex", "semaphore", "read", "write" or "election"."""
+        return self.kind if self.kind != "lock" else self.mode
+
     def acquire(
         self,
         blocking: bool = True,
@@ -486,7 +491,7 @@ class QueueLock:
             observe.Event(
                 kind,
                 name=self.name,
-                primitive=self.kind if self.kind != "lock" else self.mode,
+                primitive=self.primitive,
                 token=token,
                 holder=self.holder,
                 data=dict(self.data or {}),
