@@ -320,7 +320,8 @@ def _unregister(metrics: _Metrics, registry: CollectorRegistry) -> None:
 
 def multiprocess_dir() -> str | None:
     """The directory of Prometheus multiprocess mode, if this process is in it."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+    legacy = "prometheus_multiproc_dir"  # prometheus_client still reads the old lower-case name
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(legacy) or None
 
 
 def _check_multiprocess_dir() -> None:
@@ -334,7 +335,9 @@ def _check_multiprocess_dir() -> None:
             "this process are kept in memory only; set it before the process starts"
         )
     if directory is not None and in_mode and not os.path.isdir(directory):
-        raise ValueError(f"PROMETHEUS_MULTIPROC_DIR={directory!r} is not a directory: create it before the process starts")
+        raise ValueError(
+            f"PROMETHEUS_MULTIPROC_DIR={directory!r} is not a directory: create it before the process starts"
+        )
 
 
 _PID_OF_LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")

@@ -16,10 +16,11 @@ key that already exists, bad credentials) is an answer and is never retried.
   land before the holder's deadline; after that the lock is lost anyway.
 
 When a policy gives up, ``run()`` raises ``BackendUnavailable`` naming the
-endpoints tried. Every retry and every giving up is reported to ``observe``
-(``RETRY``, ``FAILED``, with the endpoint: a URL without credentials). Retries are logged at WARNING, but not every one: the first
+endpoints tried. Retries are logged at WARNING, but not every one: the first
 failure at an endpoint, then at most one line per ``LOG_EVERY`` seconds per
-endpoint (saying how many were not logged), then the giving up.
+endpoint (saying how many were not logged), then the giving up. Every retry
+and every giving up is reported to ``observe`` (``RETRY``, ``FAILED``, with
+the endpoint: a URL without credentials), for the metrics.
 """
 
 from __future__ import annotations
