@@ -113,7 +113,7 @@ def report(samples: dict[str, list[float]], multiprocess: bool) -> float:
     print(f"\nMutex acquire+release, uncontended, etcd 3.5 (etcd3://), metrics {mode}\n")
     print(markdown_table(["metrics", "cycles", "median ms", "p90 ms", "mean ms", "client CPU us/cycle"], rows))
     print(f"\non/off (median): {fmt(overhead, 3)}   target <= {TARGET}: {'met' if overhead <= TARGET else 'MISSED'}")
-    print(f"client CPU added by the metrics (process time, noisy): {cpu_added:.0f} us per cycle")
+    print(f"client CPU added by the metrics (process time, every thread): {cpu_added:.0f} us per cycle")
     events = samples["events_us"][0]
     print(f"one cycle's events, built and counted (no etcd, best of 5): {events:.1f} us = "
           f"{events / (median(samples['off']) * 1e6) * 100:.2f}% of the median cycle")  # fmt: skip
