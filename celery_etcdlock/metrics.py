@@ -285,6 +285,9 @@ def enable(registry: CollectorRegistry | None = None) -> None:
                 target.register(collector)
         except ValueError as exc:  # another copy of these metrics is registered there already
             _unregister(metrics, target)
+            if _registry is not None:  # a move that failed: they stay where they were
+                for collector in metrics.collectors:
+                    _registry.register(collector)
             raise ValueError(f"celery_etcdlock metrics cannot be registered: {exc}") from None
         _metrics, _registry = metrics, target
         observe.subscribe(metrics)

@@ -262,11 +262,11 @@ def test_enable_moves_the_metrics_to_another_registry_and_disable_unregisters(cl
         metrics.enable(registry=second)
         assert "\ncelery_etcdlock_" not in exposition(first)
         assert value(second, "acquisitions_total", **lock_labels("moved"), outcome="acquired") == 1  # kept
+        taken = CollectorRegistry()  # where another copy of them is registered already
+        taken.register(metrics._metrics.acquisitions)  # type: ignore[union-attr]
         with pytest.raises(ValueError, match="cannot be registered"):
-            other = CollectorRegistry()
-            other.register(metrics._metrics.acquisitions)  # type: ignore[union-attr]
-            metrics.disable()
-            metrics.enable(registry=other)
+            metrics.enable(registry=taken)
+        assert value(second, "acquisitions_total", **lock_labels("moved"), outcome="acquired") == 1  # stayed
     finally:
         metrics.disable()
     assert "\ncelery_etcdlock_" not in exposition(second)
