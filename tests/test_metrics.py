@@ -372,7 +372,7 @@ def test_a_prefork_worker_in_multiprocess_mode_shows_its_pool_processes_metrics(
         worker.expect(r" ready\.", timeout=90)
         tag = uuid.uuid4().hex[:10]
         tags = [f"{tag}-{i}" for i in range(6)]
-        handles = [taskapp.skip_task.delay(tags[0], 3.0)]
+        handles = [taskapp.skip_task.delay(tags[0], 5.0)]
         wait_until(lambda: _events(tags[0]), 30, "the first run to start")
         handles += [taskapp.skip_task.delay(tags[0], 0.0) for _ in range(2)]  # find it held: skipped
         handles += [taskapp.skip_task.delay(t, 0.2) for t in tags[1:]]
