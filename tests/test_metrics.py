@@ -28,7 +28,7 @@ from celery_etcdlock.settings import enable_metrics
 from celery_etcdlock.tasks import singleton_task
 from tests import taskapp
 from tests.procs import Proc
-from tests.servers import RedisServer, free_port, wait_until
+from tests.support import RedisServer, free_port, wait_until
 
 
 @pytest.fixture
