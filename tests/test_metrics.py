@@ -355,11 +355,11 @@ def aggregated(directory: Path) -> CollectorRegistry:
 
 
 def test_a_prefork_worker_in_multiprocess_mode_shows_its_pool_processes_metrics(
-    etcd3_server: Any, redis_for_worker: str, tmp_path: Path
+    etcd35_server: Any, redis_for_worker: str, tmp_path: Path
 ) -> None:
     directory = tmp_path / "prometheus"
     directory.mkdir()
-    etcd_url = etcd3_server.url(prefix=f"/metrics-worker-{uuid.uuid4().hex[:8]}")
+    etcd_url = etcd35_server.url(prefix=f"/metrics-worker-{uuid.uuid4().hex[:8]}")
     taskapp.configure(etcd_url, redis_for_worker)
     worker = Proc.module(
         "celery", "-A", "tests.taskapp", "worker", "--pool=prefork", "--concurrency=2", "-l", "info",
