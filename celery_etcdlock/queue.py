@@ -224,6 +224,11 @@ class QueueLock:
             _holder = (pid, f"{_HOSTNAME}:{pid}")
         return _holder[1]
 
+    @property
+    def primitive(self) -> str:
+        """What the lock is in reports and metrics: "mutex", "semaphore", "read", "write" or "election"."""
+        return self.kind if self.kind != "lock" else self.mode
+
     def acquire(
         self,
         blocking: bool = True,
@@ -492,7 +497,7 @@ class QueueLock:
             observe.Event(
                 kind,
                 name=self.name,
-                primitive=self.kind if self.kind != "lock" else self.mode,
+                primitive=self.primitive,
                 token=token,
                 holder=self.holder,
                 data=dict(self.data or {}),

@@ -18,7 +18,9 @@ key that already exists, bad credentials) is an answer and is never retried.
 When a policy gives up, ``run()`` raises ``BackendUnavailable`` naming the
 endpoints tried. Retries are logged at WARNING, but not every one: the first
 failure at an endpoint, then at most one line per ``LOG_EVERY`` seconds per
-endpoint (saying how many were not logged), then the giving up.
+endpoint (saying how many were not logged), then the giving up. Every retry
+and every giving up is reported to ``observe`` (``RETRY``, ``FAILED``, with
+the endpoint: a URL without credentials), for the metrics.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import TypeVar
 import tenacity
 import tenacity.stop
 
-from . import clock, green
+from . import clock, green, observe
 from .errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
         exc = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         endpoint = exc.endpoint if isinstance(exc, Transient) else ""
+        if observe.listening():  # every retry, logged or not
+            observe.report(observe.Event(observe.RETRY, endpoint=endpoint, operation=operation))
         now = time.monotonic()
         with _logged_lock:
             last, quiet = _logged.get(endpoint, (-LOG_EVERY, 0))
@@ -115,7 +119,7 @@ def renewal_policy(deadline: float, operation: str, sleep: Callable[[float], Non
     )
 
 
-def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ...]) -> T:
+def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ...], operation: str = "") -> T:
     """Run ``fn`` under ``policy``; a last ``Transient`` becomes ``BackendUnavailable``."""
     try:
         return policy(fn)
@@ -127,6 +131,8 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
         with _logged_lock:
             _logged.pop(exc.endpoint, None)  # the next failure there is news again
         logger.warning("%s; gave up", message)
+        if observe.listening():
+            observe.report(observe.Event(observe.FAILED, endpoint=exc.endpoint, operation=operation))
         raise BackendUnavailable(message, endpoints=endpoints) from exc
 
 
@@ -150,4 +156,4 @@ def call(max_delay: float, operation: str, fn: Callable[[], T], endpoints: tuple
             raise exc
         return fn()
 
-    return run(call_policy(max_delay, operation, started), replay, endpoints)
+    return run(call_policy(max_delay, operation, started), replay, endpoints, operation)

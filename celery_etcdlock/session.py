@@ -301,14 +301,16 @@ class Session:
         sent = clock.now()
         backend = self.renewing_backend
         try:
+            operation = f"renewal of {len(skeys)} entries (lease {handle.id})"
             gone = retry.run(
-                retry.renewal_policy(stop_at, f"renewal of {len(skeys)} entries (lease {handle.id})", self._sleep),
+                retry.renewal_policy(stop_at, operation, self._sleep),
                 lambda: backend.keep_alive(
                     handle,
                     [skey.entry for skey in skeys],
                     timeout=max(0.05, min(stop_at - clock.now(), self.server_ttl / 3)),
                 ),
                 backend.endpoints,
+                operation,
             )
         except BackendError as exc:
             with self._mutex:

@@ -92,6 +92,8 @@ class TaskLock(Fence, Protocol):
     def lost_cause(self) -> str | None: ...
     @property
     def lost_reason(self) -> str | None: ...
+    @property
+    def primitive(self) -> str: ...
     conflict: QueueState | None
 
     def acquire(
@@ -266,7 +268,7 @@ class LimitedTask(celery.Task):
         if task_id and any(h["data"].get("task_id") == task_id for h in holders):
             return self._acquire_after_own_attempt(lock, name, task_id, hostname)
         holder = _describe(holders)
-        self._report_conflict(name, task_id, holders)
+        self._report_conflict(lock, name, task_id, holders)
         if self.on_conflict == "retry":
             logger.info(
                 "task %s[%s] found %s held by %s; retrying in %ss",
@@ -300,10 +302,14 @@ class LimitedTask(celery.Task):
         signals.skipped(self, task_id, name, holders)
         return False
 
-    def _report_conflict(self, name: str, task_id: str | None, holders: list[dict[str, Any]]) -> None:
+    def _report_conflict(self, lock: TaskLock, name: str, task_id: str | None, holders: list[dict[str, Any]]) -> None:
         if observe.listening():
             data = {"task": self.name, "task_id": task_id, "on_conflict": self.on_conflict}
-            observe.report(observe.Event(observe.TASK_CONFLICT, name=name, data=data, holders=tuple(holders)))
+            observe.report(
+                observe.Event(
+                    observe.TASK_CONFLICT, name=name, primitive=lock.primitive, data=data, holders=tuple(holders)
+                )
+            )
 
     def _wait_for(self, lock: TaskLock, client: Client, name: str, task_id: str | None) -> bool:
         """``on_conflict="wait"``: keep the place in the queue the acquire took, up to ``lock_timeout``."""
@@ -315,7 +321,7 @@ class LimitedTask(celery.Task):
             own_attempt = bool(task_id) and any(h["data"].get("task_id") == task_id for h in holders)
             logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, _describe(holders))
             if not own_attempt:
-                self._report_conflict(name, task_id, holders)
+                self._report_conflict(lock, name, task_id, holders)
 
         acquired = _acquire_despite_limit_changes(lock, self.lock_timeout, waiting)
         if own_attempt and task_id:

@@ -220,7 +220,7 @@ def test_the_dockerfile_installs_the_package_with_the_redis_extra_and_copies_fil
         found = [path for source in sources for path in glob.glob(str(REPO / source))]
         assert found, f"COPY {sources}: nothing in the repository matches"
     installs = [shlex.split(rest) for word, rest in instructions if word == "RUN" and "pip install" in rest]
-    assert [argv[argv.index("install") + 1 :] for argv in installs] == [[".[redis]"]], installs
+    assert [argv[argv.index("install") + 1 :] for argv in installs] == [[".[redis,metrics]"]], installs
     # Building the package reads pyproject.toml and the files it names: all must be in the image.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     copied = {source.rstrip("*") for *sources, _ in copies for source in sources}
@@ -286,6 +286,11 @@ def test_the_demo_procfile_runs_the_same_commands(tmp_path: Path):
         loop = entries[name]
         assert loop.startswith(f"while :; do SHOP_NODE={name} ") and loop.endswith("; sleep 1; done")
         argv = shlex.split(loop.removeprefix(f"while :; do SHOP_NODE={name} ").removesuffix("; sleep 1; done"))
+        env = {}
+        while argv and re.match(r"^[A-Z_]+=", argv[0]):  # VAR=value words before the command
+            key, value = argv.pop(0).split("=", 1)
+            env[key] = value
+        assert env == stack.metrics_env(name) and env["SHOP_METRICS_PORT"].isdigit()
         command, params, _app, conf = parse_celery(["celery", *argv[3:]], stack.env)
         assert conf["etcdlock_url"] == stack.env["ETCDLOCK_URL"]
         assert command == ("worker" if name in WORKERS else "beat")

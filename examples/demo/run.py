@@ -7,7 +7,8 @@ It starts the stack (``examples.demo.stack``), shows the live view
 (``examples.demo.view``), SIGKILLs the beat leader midway and then a worker in
 the middle of a singleton task, shows the fail-over and the lock recovery,
 stops everything and prints a summary: runs per task, doubles (0), fail-over
-and recovery times, processes left behind (0). Exit status 0 when all of
+and recovery times, what the workers' and beats' Prometheus metrics say,
+processes left behind (0). Exit status 0 when all of
 that went as it should. Ctrl-C stops everything cleanly.
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import metrics
 from .stack import LocalStack, StackError, children_of, kill
 
 
@@ -305,11 +307,14 @@ class Demo:
 
         stopped_at = time.time()
         observation = None
+        scraped = None
         if self.stack.honcho is not None:
             try:
                 observation = self.Observer().poll()
             except Exception:  # the stack may be half-started; the summary says what it can
                 observation = self.last
+            names = self.stack.workers + self.stack.beats
+            scraped = metrics.scrape({name: self.stack.metrics_url(name) for name in names})
         if self.tty and not self.interrupted:
             sys.stdout.write("\n")
         print("stopping every process ...", flush=True)
@@ -324,6 +329,7 @@ class Demo:
             "failover": self.failover,
             "recovery": self.recovery,
             "processes_left": len(left),
+            "metrics": metrics.summarise(scraped) if scraped else None,
         }
         doubles = None
         if observation is not None:
@@ -395,6 +401,8 @@ class Demo:
             )
         else:
             lines.append("  lock recovery: " + ("not seen" if recovery else "not reached"))
+        if summary.get("metrics"):
+            lines.extend(metrics.describe(summary["metrics"]))
         lines.append(f"  processes left behind: {summary['processes_left']}")
         if not self.interrupted:
             lines.append("  result: " + ("OK" if summary["ok"] else "NOT OK"))
