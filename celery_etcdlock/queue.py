@@ -263,15 +263,23 @@ class QueueLock:
 
     def release(self) -> None:
         """Release the lock. ``NotHeld`` if this object does not hold it; quiet if it was lost."""
-        skey, self._held = self._held, None
-        if skey is None:
-            raise NotHeld(f"lock {self.name!r} is not held by this object")
-        was_alive = skey.alive
+        with self._state:
+            skey, self._held = self._held, None
+            if skey is None:
+                raise NotHeld(f"lock {self.name!r} is not held by this object")
+            was_alive = skey.alive
+            # lost, but not told yet (the renewer had not got to it): from now on nobody else would say so
+            untold = not was_alive and self._reported is not skey
+            self._reported = skey
         self._session.leave(skey)
+        held_for = time.monotonic() - self._held_since
         if was_alive:
-            held_for = time.monotonic() - self._held_since
             logger.debug("lock %s released by %s (token %d)", self.name, self.holder, skey.entry.token)
             self._report(observe.RELEASED, token=skey.entry.token, seconds=held_for)
+        elif untold:
+            reason = skey.lost_reason or "no renewal succeeded in time"
+            logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, reason)
+            self._report(observe.LOST, token=skey.entry.token, seconds=held_for, cause=skey.lost_cause or observe.LATE)
 
     def forfeit(self, reason: str, entry: Entry | None = None) -> None:
         """Give the lock up as lost (its key, ``entry`` if given, was seen deleted) without waiting for a renewal."""

@@ -61,12 +61,12 @@ _logged: dict[str, tuple[float, int]] = {}  # endpoint -> (when a retry was last
 _logged_lock = green.native_lock()  # a renewer thread logs retries too, under gevent a native one
 
 
-def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
+def _log_retry(operation: str, report: bool = True) -> Callable[[tenacity.RetryCallState], None]:
     def log(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         endpoint = exc.endpoint if isinstance(exc, Transient) else ""
-        if observe.listening():  # every retry, logged or not
+        if report and observe.listening():  # every retry, logged or not
             observe.report(observe.Event(observe.RETRY, endpoint=endpoint, operation=operation))
         now = time.monotonic()
         with _logged_lock:
@@ -104,22 +104,27 @@ def call_policy(max_delay: float, operation: str, started: float) -> tenacity.Re
     )
 
 
-def renewal_policy(deadline: float, operation: str, sleep: Callable[[float], None] | None = None) -> tenacity.Retrying:
+def renewal_policy(
+    deadline: float, operation: str, sleep: Callable[[float], None] | None = None, report: bool = True
+) -> tenacity.Retrying:
     """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``).
 
-    ``sleep`` pauses between attempts (a renewer under gevent passes the real ``time.sleep``).
+    ``sleep`` pauses between attempts, and ``report=False`` keeps the retries from ``observe``: a
+    renewer under gevent is a native thread, which must not wait on the green locks of a listener.
     """
     return tenacity.Retrying(
         sleep=sleep or tenacity.nap.sleep,
         retry=retry_if_transient,
         wait=quick_backoff,
         stop=tenacity.stop_before_delay(max(0.0, deadline - clock.now())),
-        before_sleep=_log_retry(operation),
+        before_sleep=_log_retry(operation, report),
         reraise=True,
     )
 
 
-def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ...], operation: str = "") -> T:
+def run(
+    policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ...], operation: str = "", report: bool = True
+) -> T:
     """Run ``fn`` under ``policy``; a last ``Transient`` becomes ``BackendUnavailable``."""
     try:
         return policy(fn)
@@ -131,7 +136,7 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
         with _logged_lock:
             _logged.pop(exc.endpoint, None)  # the next failure there is news again
         logger.warning("%s; gave up", message)
-        if observe.listening():
+        if report and observe.listening():
             observe.report(observe.Event(observe.FAILED, endpoint=exc.endpoint, operation=operation))
         raise BackendUnavailable(message, endpoints=endpoints) from exc
 

@@ -303,7 +303,7 @@ class Session:
         try:
             operation = f"renewal of {len(skeys)} entries (lease {handle.id})"
             gone = retry.run(
-                retry.renewal_policy(stop_at, operation, self._sleep),
+                retry.renewal_policy(stop_at, operation, self._sleep, report=not self.green),
                 lambda: backend.keep_alive(
                     handle,
                     [skey.entry for skey in skeys],
@@ -311,6 +311,7 @@ class Session:
                 ),
                 backend.endpoints,
                 operation,
+                report=not self.green,
             )
         except BackendError as exc:
             with self._mutex:

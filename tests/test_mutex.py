@@ -301,3 +301,36 @@ def test_deadlines_run_on_a_clock_that_counts_suspended_time(client):
     assert lock.acquire(timeout=5)
     assert clock.now() < lock._held.lease.deadline <= clock.now() + 5
     lock.release()
+
+
+def test_a_lock_lost_just_before_its_release_is_reported_lost_once(client, monkeypatch):
+    """Released after its deadline passed but before the renewer said so: one LOST report, no RELEASED."""
+    from celery_etcdlock import observe
+    from celery_etcdlock.retry import Transient
+
+    seen: list[observe.Event] = []
+    observe.subscribe(seen.append)
+    hanging, unhang = threading.Event(), threading.Event()
+    real_keep_alive = client.backend.keep_alive
+
+    def keep_alive(lease, entries, timeout):  # a black-holed renewal: the renewer is stuck in it
+        if entries:
+            hanging.set()
+            unhang.wait(30)
+            raise Transient("black hole", "read timed out")
+        return real_keep_alive(lease, entries, timeout)
+
+    monkeypatch.setattr(client.backend, "keep_alive", keep_alive)
+    try:
+        lock = Mutex(client, "late", ttl=2)
+        assert lock.acquire(timeout=5)
+        assert hanging.wait(10)
+        wait_until(lambda: not lock.held, 10, "the local deadline to pass")
+        lock.release()  # before the renewer could say it was lost: the release must say so
+        unhang.set()
+        wait_until(lambda: not client.session(2.0)._leases, 15, "the renewer to drop the lease")
+    finally:
+        unhang.set()
+        observe.unsubscribe(seen.append)
+    kinds = [e.kind for e in seen if e.name == "late" and e.kind in (observe.LOST, observe.RELEASED)]
+    assert kinds == [observe.LOST], kinds
