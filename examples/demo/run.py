@@ -146,7 +146,14 @@ class Demo:
     # -- the scenario -----------------------------------------------------------------------------
 
     def run(self) -> bool:
-        print(f"{self.title}\nstarting the stack (Procfile and logs in {self.stack.root}) ...", flush=True)
+        env = self.stack.env
+        print(
+            f"{self.title}\nstarting the stack (Procfile and logs in {self.stack.root}) ...\n"
+            f"to look at its locks from another terminal, in this directory:\n"
+            f"  ETCDLOCK_URL={env['ETCDLOCK_URL']} SHOP_BROKER_URL={env['SHOP_BROKER_URL']} "
+            f".venv/bin/celery -A examples.shop etcdlock locks --watch 1",
+            flush=True,
+        )
         self.stack.start()
         self.stack.wait_servers(60)
         observer = self.Observer()
