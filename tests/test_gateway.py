@@ -603,7 +603,8 @@ def test_the_backends_import_no_http_client_library() -> None:
     """The transport is our own (transport.py): no requests, urllib3, http.client or python-etcd."""
     code = (
         "import sys, celery_etcdlock.backends.etcd3, celery_etcdlock.backends.etcd2; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'urllib3', 'etcd') or m == 'http.client'))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'urllib3', 'etcd') "
+        "or m == 'http.client'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"

@@ -212,8 +212,7 @@ class Connection:
         headers: dict[str, str] = {}
         for line in lines:
             name, _, value = line.partition(":")
-            name, value = name.strip().lower(), value.strip()
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+            headers[name.lower()] = value.strip()  # a header sent twice keeps its last value: none we read repeats
         # HTTP/1.0 keeps a connection only if asked to: never reuse one, it costs nothing here
         if version != "HTTP/1.1" or headers.get("connection", "").lower() == "close":
             self.reusable = False
