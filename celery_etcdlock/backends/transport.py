@@ -315,7 +315,10 @@ class Response:
                 while piece := connection.read_chunk():
                     yield piece
             elif "content-length" in self.headers:
-                yield connection.read_exactly(int(self.headers["content-length"]))
+                length = self.headers["content-length"]
+                if not length.isdigit():
+                    raise ProtocolError(f"bad Content-Length {length[:80]!r}")
+                yield connection.read_exactly(int(length))
             elif self.status not in (204, 304):
                 connection.reusable = False
                 while piece := connection.read_some():
