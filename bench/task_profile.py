@@ -239,6 +239,8 @@ CALLS: list[tuple[str, str, str, str | None]] = [
     ("Condition.notify from Session._schedule (a renewer woken)", "threading.py", "notify", f"{OURS}/session.py"),
     ("requests Session.request", "requests/sessions.py", "request", None),
     ("urllib3 HTTPConnectionPool.urlopen", "urllib3/connectionpool.py", "urlopen", None),
+    ("transport Pool.send (every HTTP request of ours)", "celery_etcdlock/backends/transport.py", "send", None),
+    ("transport Connection.read_head (one per answer)", "celery_etcdlock/backends/transport.py", "read_head", None),
     ("json.dumps", "json/__init__.py", "dumps", None),
     ("json.loads", "json/__init__.py", "loads", None),
     ("base64.b64encode", "base64.py", "b64encode", None),

@@ -12,16 +12,21 @@ test_etcd2_backend.py and test_connect.py.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from celery_etcdlock.backends import transport
+from celery_etcdlock.backends import native, transport
 from celery_etcdlock.backends.transport import Pool
+from celery_etcdlock.connect import parse_url
 from tests.support import wait_until
+from tests.support.tls import make_certificates
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -33,8 +38,9 @@ Script = Callable[[socket.socket, int, Callable[[], bytes]], None]
 class ScriptedServer:
     """A loopback server running ``script`` on each connection it accepts; ``requests`` lists what it read."""
 
-    def __init__(self, script: Script) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, script: Script, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
+        self.listener = socket.create_server((host, 0))
+        self.tls = tls
         self.port = self.listener.getsockname()[1]
         self.script = script
         self.connections = 0
@@ -65,7 +71,9 @@ class ScriptedServer:
             self.requests.append(request)
             return request
 
-        with conn, suppress(OSError):
+        with conn, suppress(OSError):  # ssl.SSLError too: a client that refused our certificate
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
             self.script(conn, number, next_request)
 
 
@@ -209,3 +217,50 @@ def test_what_is_not_http_is_named() -> None:
     with scripted(redis_like) as (server, pool), pytest.raises(transport.NotHTTP) as caught:
         pool.request("GET", "/version", timeout=5)
     assert caught.value.greeting.startswith(b"-ERR")
+
+
+# -- TLS: the certificate and the name (or IP address) it is for are checked, on both kinds of sockets ------------
+
+SOCKETS: dict[str, dict[str, Any]] = {
+    "standard library": {},
+    "native (TLS on a memory BIO)": {"connect": native.create_connection, "wrap_tls": native.wrap_tls},
+}
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_certificates(tmp_path_factory.mktemp("tls"))  # a server certificate for 127.0.0.1 and localhost
+
+
+@pytest.mark.parametrize("sockets", SOCKETS)
+def test_tls_checks_the_certificate_and_the_name_it_is_for(sockets: str, certificates: dict[str, Path]) -> None:
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(certificates["server_cert"], certificates["server_key"])
+    for listen_on, connect_to, refusal in [
+        ("127.0.0.1", "127.0.0.1", None),  # the IP address in the certificate
+        ("127.0.0.1", "localhost", None),  # the name in the certificate
+        ("127.0.0.2", "127.0.0.2", "IP address mismatch"),  # another loopback address, not in the certificate
+    ]:
+        server = ScriptedServer(keep_alive, listen_on, server_context)
+        options = parse_url(f"etcd3s://{connect_to}:{server.port}?ca={certificates['ca']}")
+        pool = Pool(connect_to, server.port, transport.tls_context(options), **SOCKETS[sockets])
+        try:
+            if refusal is None:
+                assert [pool.request("GET", "/").body for _ in range(3)] == [b"ok"] * 3
+                assert server.connections == 1  # kept alive over TLS too
+            else:
+                with pytest.raises(ssl.SSLCertVerificationError, match=refusal):
+                    pool.request("GET", "/")
+        finally:
+            pool.close()
+            server.listener.close()
+
+    # and a CA that did not sign it
+    server = ScriptedServer(keep_alive, "127.0.0.1", server_context)
+    pool = Pool("127.0.0.1", server.port, transport.tls_context(parse_url("etcd3s://127.0.0.1")), **SOCKETS[sockets])
+    try:
+        with pytest.raises(ssl.SSLCertVerificationError, match="unable to get local issuer|self.signed"):
+            pool.request("GET", "/")
+    finally:
+        pool.close()
+        server.listener.close()
