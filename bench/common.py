@@ -244,7 +244,7 @@ def _count() -> None:
 def install_request_counting() -> None:
     """Count every HTTP request and Redis command this process sends.
 
-    HTTP requests are ours (``transport.Pool.send``, which every request of both
+    HTTP requests are ours (``transport.Pool.request``, which every request of both
     backends goes through) and the peers' (urllib3's ``urlopen``: python-etcd,
     etcd3gw through requests). ``requests_sent()`` gives the total or one
     thread's count. Hooks added with ``add_request_hook`` see ``(method, url,
@@ -269,16 +269,16 @@ def install_request_counting() -> None:
 
     urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
 
-    original_send = transport.Pool.send
+    original_request = transport.Pool.request
 
-    def send(self: Any, method: str, target: str, body: bytes = b"", *args: Any, **kwargs: Any) -> Any:
+    def request(self: Any, method: str, target: str, body: bytes = b"", *args: Any, **kwargs: Any) -> Any:
         _count()
-        response = original_send(self, method, target, body, *args, **kwargs)
+        response = original_request(self, method, target, body, *args, **kwargs)
         for hook in list(_hooks):
             hook(method, target, body)
         return response
 
-    transport.Pool.send = send  # type: ignore[method-assign]
+    transport.Pool.request = request  # type: ignore[method-assign]
 
     try:
         import redis.connection

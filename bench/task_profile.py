@@ -239,7 +239,7 @@ CALLS: list[tuple[str, str, str, str | None]] = [
     ("Condition.notify from Session._schedule (a renewer woken)", "threading.py", "notify", f"{OURS}/session.py"),
     ("requests Session.request", "requests/sessions.py", "request", None),
     ("urllib3 HTTPConnectionPool.urlopen", "urllib3/connectionpool.py", "urlopen", None),
-    ("transport Pool.send (every HTTP request of ours)", "celery_etcdlock/backends/transport.py", "send", None),
+    ("transport Pool.request (every HTTP request of ours)", "celery_etcdlock/backends/transport.py", "request", None),
     ("transport Connection.read_head (one per answer)", "celery_etcdlock/backends/transport.py", "read_head", None),
     ("json.dumps", "json/__init__.py", "dumps", None),
     ("json.loads", "json/__init__.py", "loads", None),

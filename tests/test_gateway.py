@@ -4,7 +4,7 @@ Real etcd 3.5 (and 3.4's v3 gateway where the two differ: error texts, auth),
 with auth, TLS and client certificates, without the JSON gateway, with short
 auth tokens; and what is not a v3 etcd client port: a redis, a plain HTTP
 server, etcd's peer port, dead ports. Connections are cut by a real TCP proxy
-in between. Requests are counted by wrapping ``transport.Pool.send``, which
+in between. Requests are counted by wrapping ``transport.Pool.request``, which
 every request of both backends goes through.
 """
 
@@ -50,14 +50,14 @@ from tests.support import (
 def count_requests() -> Iterator[Counter[str]]:
     """Counts every HTTP request any connection pool sends, by URL path, while in the block."""
     counts: Counter[str] = Counter()
-    real_send = transport.Pool.send
+    real_request = transport.Pool.request
 
-    def send(self: transport.Pool, method: str, target: str, *args: Any, **kwargs: Any) -> Any:
+    def request(self: transport.Pool, method: str, target: str, *args: Any, **kwargs: Any) -> Any:
         counts[target.split("?")[0]] += 1
-        return real_send(self, method, target, *args, **kwargs)
+        return real_request(self, method, target, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(transport.Pool, "send", send)
+        patch.setattr(transport.Pool, "request", request)
         yield counts
 
 

@@ -168,7 +168,7 @@ def test_a_chunked_stream_ends_at_its_deadline_and_its_connection_is_closed() ->
         next_request()  # then nothing more, until the client hangs up
 
     with scripted(stream) as (server, pool):
-        response = pool.send("POST", "/v3/watch", b"{}", timeout=5)
+        response = pool.request("POST", "/v3/watch", b"{}", timeout=5, stream=True)
         started = time.monotonic()
         lines = list(response.lines(started + 0.5))
         response.close()

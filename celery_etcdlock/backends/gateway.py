@@ -215,7 +215,8 @@ class Gateway:
         """
         endpoint = self.endpoints[index]
         try:
-            response = pool.send("POST", self._api_paths[index] + "watch", body, _headers(token), self.options.timeout)
+            path, timeout = self._api_paths[index] + "watch", self.options.timeout
+            response = pool.request("POST", path, body, _headers(token), timeout, stream=True)
         except OSError as exc:
             raise self._connection_failure(index, exc) from None
         try:

@@ -12,7 +12,7 @@ time on a kept-alive socket, and nothing else:
     response = pool.request("POST", "/v3/kv/range", b'{"key":"eA=="}', {"Content-Type": "application/json"})
     response.status, response.headers["content-type"], response.body
 
-    response = pool.send("POST", "/v3/watch", body, timeout=5)   # status and headers read; the body is not
+    response = pool.request("POST", "/v3/watch", body, timeout=5, stream=True)   # the body is not read yet
     try:
         for line in response.lines(deadline): ...           # every read ends by the deadline
     finally:
@@ -263,7 +263,7 @@ class Response:
     """A response whose status and headers are read; its body is read by ``read()`` or ``lines()``.
 
     Once the body was read to its end, the connection goes back to its pool;
-    ``close()`` closes it if not (always call it for a response from ``send``).
+    ``close()`` closes it if not (always call it for a streamed response).
     """
 
     def __init__(self, pool: Pool, connection: Connection, status: int, headers: dict[str, str]) -> None:
@@ -365,25 +365,14 @@ class Pool:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
+        stream: bool = False,
     ) -> Response:
-        """Send the request and read the whole response (``status``, ``headers``, ``body``)."""
-        response = self.send(method, target, body, headers, timeout)
-        response.read()
-        return response
-
-    def send(
-        self,
-        method: str,
-        target: str,
-        body: bytes = b"",
-        headers: Mapping[str, str] | None = None,
-        timeout: float = 10.0,
-    ) -> Response:
-        """Send the request; the response with its status and headers read, its body not yet.
+        """Send the request; the response, its body read (``body``) unless ``stream``.
 
         ``target`` is the path and query; ``timeout`` (seconds) bounds the
-        connection and every read. Every request of this module goes
-        through here: this is the one place to count them.
+        connection and every read. With ``stream``, read the body with
+        ``read()`` or ``lines()``, and ``close()`` the response. Every request
+        of this module goes through here: this is the one place to count them.
         """
         head = f"{method} {target} HTTP/1.1\r\nHost: {self._host_header}\r\n"
         if body or method in ("POST", "PUT"):
@@ -391,6 +380,13 @@ class Pool:
         if headers:
             head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         data = (head + "\r\n").encode("latin-1") + body
+        response = self._send(data, timeout)
+        if not stream:
+            response.read()
+        return response
+
+    def _send(self, data: bytes, timeout: float) -> Response:
+        """Send ``data`` on an idle connection, or a new one; the response, its status and headers read."""
         connection = self._idle_connection()
         if connection is not None:
             try:
