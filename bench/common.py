@@ -249,17 +249,21 @@ def _count() -> None:
 
 
 def install_request_counting() -> None:
-    """Count every HTTP request (urllib3: python-etcd, etcd3gw/requests) and Redis command this process sends.
+    """Count every HTTP request and Redis command this process sends.
 
-    ``requests_sent()`` gives the total or one thread's count. Hooks added with
-    ``add_request_hook`` see ``(method, url, body)`` of each HTTP request after
-    its response arrived.
+    HTTP requests are ours (``transport.Pool.request``, which every request of both
+    backends goes through) and the peers' (urllib3's ``urlopen``: python-etcd,
+    etcd3gw through requests). ``requests_sent()`` gives the total or one
+    thread's count. Hooks added with ``add_request_hook`` see ``(method, url,
+    body)`` of each HTTP request after its response arrived.
     """
     global _installed
     if _installed:
         return
     _installed = True
     import urllib3.connectionpool
+
+    from celery_etcdlock.backends import transport
 
     original_urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
 
@@ -272,15 +276,26 @@ def install_request_counting() -> None:
 
     urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
 
+    original_request = transport.Pool.request
+
+    def request(self: Any, method: str, target: str, body: bytes = b"", *args: Any, **kwargs: Any) -> Any:
+        _count()
+        response = original_request(self, method, target, body, *args, **kwargs)
+        for hook in list(_hooks):
+            hook(method, target, body)
+        return response
+
+    transport.Pool.request = request  # type: ignore[method-assign]
+
     try:
         import redis.connection
     except ImportError:
         return
-    original_send = redis.connection.AbstractConnection.send_command
+    original_send_command = redis.connection.AbstractConnection.send_command
 
     def send_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         _count()
-        return original_send(self, *args, **kwargs)
+        return original_send_command(self, *args, **kwargs)
 
     redis.connection.AbstractConnection.send_command = send_command  # type: ignore[method-assign]
 

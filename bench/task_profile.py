@@ -29,11 +29,13 @@ from bench.pyspy import OURS, Frame, Profile, Sample
 
 RENEWER = "etcdlock-renewer"
 TRANSPORT = {"urllib3", "http", "socket", "ssl", "selectors"}
+TRANSPORT_MODULE = "backends/transport.py"  # our HTTP client: counted as the transport, not as our own code
 # innermost frames that are (mostly) a blocking socket or pipe call, or a wait: not the process's own CPU
+# (Connection._fill and Pool._exchange are our transport's recv and sendall)
 WAITS = {
     "SocketIO.readinto", "HTTPConnection.send", "AbstractConnection.send_packed_command",
     "SocketBuffer._read_from_socket", "Connection._send", "Connection._recv", "_epoll.poll", "Condition.wait",
-    "Event.wait",
+    "Event.wait", "Connection._fill", "Pool._exchange",
 }  # fmt: skip
 
 
@@ -43,6 +45,10 @@ def waiting(sample: Sample) -> bool:
 
 def _ours(frame: Frame) -> bool:
     return frame.package == OURS
+
+
+def _transport(frame: Frame) -> bool:
+    return frame.package in TRANSPORT or _in(TRANSPORT_MODULE)(frame)
 
 
 def _in(file_suffix: str) -> Callable[[Frame], bool]:
@@ -78,9 +84,10 @@ def under_ours(sample: Sample) -> str | None:
     """What a sample below our frames was doing: our own code, or the package our deepest frame called.
 
     requests is split into its own code, the JSON it encodes and decodes, and
-    the urllib3/http.client/socket work under it (the transport proper).
+    the urllib3/http.client/socket work under it (the transport proper). Our
+    own transport (backends/transport.py) counts as the transport.
     """
-    deepest = max((i for i, f in enumerate(sample.frames) if _ours(f)), default=None)
+    deepest = max((i for i, f in enumerate(sample.frames) if _ours(f) and not _transport(f)), default=None)
     if deepest is None:
         return None
     below = sample.frames[deepest + 1:]
@@ -94,6 +101,8 @@ def under_ours(sample: Sample) -> str | None:
         if "json" in packages:
             return "requests -> json"
         return "requests (own code)"
+    if _in(TRANSPORT_MODULE)(below[0]):
+        return "transport.py/socket/ssl (our HTTP client)"
     if callee in TRANSPORT:
         return "urllib3/http.client/socket"
     return callee
@@ -230,6 +239,8 @@ CALLS: list[tuple[str, str, str, str | None]] = [
     ("Condition.notify from Session._schedule (a renewer woken)", "threading.py", "notify", f"{OURS}/session.py"),
     ("requests Session.request", "requests/sessions.py", "request", None),
     ("urllib3 HTTPConnectionPool.urlopen", "urllib3/connectionpool.py", "urlopen", None),
+    ("transport Pool.request (every HTTP request of ours)", "celery_etcdlock/backends/transport.py", "request", None),
+    ("transport Connection.read_head (one per answer)", "celery_etcdlock/backends/transport.py", "read_head", None),
     ("json.dumps", "json/__init__.py", "dumps", None),
     ("json.loads", "json/__init__.py", "loads", None),
     ("base64.b64encode", "base64.py", "b64encode", None),

@@ -4,8 +4,8 @@ Real etcd 3.5 (and 3.4's v3 gateway where the two differ: error texts, auth),
 with auth, TLS and client certificates, without the JSON gateway, with short
 auth tokens; and what is not a v3 etcd client port: a redis, a plain HTTP
 server, etcd's peer port, dead ports. Connections are cut by a real TCP proxy
-in between. Requests are counted by wrapping urllib3's ``urlopen``, which
-every request of the gateway goes through.
+in between. Requests are counted by wrapping ``transport.Pool.request``, which
+every request of both backends goes through.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
-import urllib3
 
 from celery_etcdlock import retry
+from celery_etcdlock.backends import transport
 from celery_etcdlock.backends.base import Entry, WaitResult
 from celery_etcdlock.backends.etcd3 import Etcd3Backend
 from celery_etcdlock.backends.gateway import Failure, Gateway
@@ -48,16 +48,16 @@ from tests.support import (
 
 @contextmanager
 def count_requests() -> Iterator[Counter[str]]:
-    """Counts every HTTP request any urllib3 pool sends, by URL path, while in the block."""
+    """Counts every HTTP request any connection pool sends, by URL path, while in the block."""
     counts: Counter[str] = Counter()
-    real_urlopen = urllib3.HTTPConnectionPool.urlopen
+    real_request = transport.Pool.request
 
-    def urlopen(self: urllib3.HTTPConnectionPool, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        counts[url.split("?")[0]] += 1
-        return real_urlopen(self, method, url, *args, **kwargs)
+    def request(self: transport.Pool, method: str, target: str, *args: Any, **kwargs: Any) -> Any:
+        counts[target.split("?")[0]] += 1
+        return real_request(self, method, target, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(urllib3.HTTPConnectionPool, "urlopen", urlopen)
+        patch.setattr(transport.Pool, "request", request)
         yield counts
 
 
@@ -200,7 +200,7 @@ def test_one_pool_per_endpoint_and_no_io_before_the_first_request(etcd35_server:
     for _ in range(5):
         assert "header" in gateway.post("kv/range", {"key": b64("/x")})
     pool = gateway._pools[1]
-    assert pool is not None and pool.num_connections == 1  # one kept-alive connection for sequential requests
+    assert pool is not None and pool.idle_connections == 1  # one kept-alive connection for sequential requests
     gateway.close()
     assert gateway._pools == [None, None]
 
@@ -226,7 +226,7 @@ class _HangUp(threading.Thread):
             conn.close()
 
 
-def test_urllib3_does_not_retry_on_its_own() -> None:
+def test_the_transport_does_not_retry_on_its_own() -> None:
     hang_up = _HangUp()
     try:
         gateway = Gateway(parse_url(f"etcd3://127.0.0.1:{hang_up.port}"))
@@ -599,8 +599,12 @@ def test_grpc_errors_are_classified(code: int, message: str, kind: type[Exceptio
     assert message in str(error)
 
 
-def test_the_v3_backend_does_not_import_requests() -> None:
-    """The transport is urllib3 alone."""
-    code = "import sys, celery_etcdlock.backends.etcd3; print(sorted(m for m in sys.modules if m == 'requests'))"
+def test_the_backends_import_no_http_client_library() -> None:
+    """The transport is our own (transport.py): no requests, urllib3, http.client or python-etcd."""
+    code = (
+        "import sys, celery_etcdlock.backends.etcd3, celery_etcdlock.backends.etcd2; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'urllib3', 'etcd') "
+        "or m == 'http.client'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"

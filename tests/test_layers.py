@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     (
         "backends",
         {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway", "backends.memory",
-         "backends.native"},
+         "backends.native", "backends.transport"},
     ),  # fmt: skip
     ("session", {"session"}),
     ("client", {"client", "connect"}),
