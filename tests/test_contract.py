@@ -251,9 +251,9 @@ def test_locks_taken_at_once_by_many_threads_all_stay_exclusive(any_client: Clie
         lock.release()
 
 
+# not v2: its entries have TTLs of their own, and one nobody refreshes expires by itself
+@pytest.mark.parametrize("any_client", ["memory", "v3"], indirect=True)
 def test_a_key_left_on_a_live_lease_is_cleaned_up(any_client: Client) -> None:
-    if any_client.backend.entries_have_own_ttl:
-        pytest.skip("entries with TTLs of their own (v2): one nobody refreshes expires by itself")
     keeper = Mutex(any_client, "keeper", ttl=2)
     keeper.acquire()  # keeps the session's lease alive throughout
     session = any_client.session(2.0)
@@ -431,10 +431,10 @@ def test_keep_alive_reports_entries_deleted_behind_its_back(any_client: Client) 
     backend.revoke(lease, [kept])
 
 
+# not v2: it has no shared leases, each entry has a TTL of its own
+@pytest.mark.parametrize("any_client", ["memory", "v3"], indirect=True)
 def test_a_dead_lease_takes_no_entry(any_client: Client) -> None:
     backend = any_client.backend
-    if backend.entries_have_own_ttl:
-        pytest.skip("no shared leases (v2): each entry has a TTL of its own")
     lease = backend.grant(30)
     backend.revoke(lease, [])
     assert lease.expired
@@ -466,10 +466,10 @@ def test_records_are_written_by_compare_and_swap(any_client: Client) -> None:
     assert backend.delete_record("records/k/a") is True
 
 
+# not v2: it cannot compare another key in a write, so its callers make the record its own fence
+@pytest.mark.parametrize("any_client", ["memory", "v3"], indirect=True)
 def test_a_fenced_write_fails_once_the_fence_is_gone(any_client: Client) -> None:
     backend = any_client.backend
-    if any_client.api == "v2":
-        pytest.skip("v2 cannot compare another key in a write: its callers make the record its own fence")
     lease = backend.grant(30)
     leader, _ = backend.join_queue("elections/beat", {"holder": "a"}, lease)
     record = backend.put_record("records/beat/s", {"n": 1}, expect=None, fence=leader)
