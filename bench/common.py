@@ -34,6 +34,7 @@ import re
 import shutil
 import signal
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -42,7 +43,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support import HOST, EtcdServer, RedisServer, ServerError
+# the one place bench/ imports the tests' servers from: bench_beat and bench_transport take EtcdServer and
+# RedisServer from here
+from tests.support import HOST, EtcdServer, RedisServer, ServerError, wait_until
 
 # -- /metrics ----------------------------------------------------------------------------------
 
@@ -96,12 +99,17 @@ class BenchEtcd:
     the JSON gateway forwards each HTTP call as one).
     """
 
-    def __init__(self, version: str, api: str) -> None:
-        self.server = EtcdServer(version, enable_v2=api == "v2", api=api, name="etcdlock-bench")
+    def __init__(self, version: str, api: str, server: EtcdServer | None = None) -> None:
+        self.server = server or EtcdServer(version, enable_v2=api == "v2", api=api, name="etcdlock-bench")
+        self._api = api
+
+    def as_api(self, api: str) -> BenchEtcd:
+        """The same server, measured for another API (etcd 3.4 with --enable-v2 also serves v3)."""
+        return BenchEtcd(self.server.version, api, self.server)
 
     @property
     def api(self) -> str:
-        return self.server.api
+        return self._api
 
     @property
     def port(self) -> int:
@@ -111,6 +119,11 @@ class BenchEtcd:
     def url(self) -> str:
         """``http://127.0.0.1:port``."""
         return self.server.client_url
+
+    @property
+    def pid(self) -> int:
+        assert self.server.process is not None, "not started"
+        return self.server.process.pid
 
     @property
     def requests_metric(self) -> str:
@@ -151,6 +164,11 @@ class BenchRedis:
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def pid(self) -> int:
+        assert self.server.process is not None, "not started"
+        return self.server.process.pid
 
     def start(self) -> BenchRedis:
         import redis
@@ -203,7 +221,9 @@ class Servers(contextlib.AbstractContextManager["Servers"]):
         self.close()
 
     def ports(self) -> dict[str, int]:
-        return {name: s.port for name, s in (("v2", self.v2), ("v3", self.v3), ("redis", self.redis)) if s}
+        """Where each API is served; "v3-3.4" is the v3 API of etcd 3.4 (the v2 server serves both)."""
+        servers = (("v2", self.v2), ("v3", self.v3), ("v3-3.4", self.v2), ("redis", self.redis))
+        return {name: s.port for name, s in servers if s}
 
     def close(self) -> None:
         for server in (self.v2, self.v3, self.redis):
@@ -229,17 +249,21 @@ def _count() -> None:
 
 
 def install_request_counting() -> None:
-    """Count every HTTP request (urllib3: python-etcd, etcd3gw/requests) and Redis command this process sends.
+    """Count every HTTP request and Redis command this process sends.
 
-    ``requests_sent()`` gives the total or one thread's count. Hooks added with
-    ``add_request_hook`` see ``(method, url, body)`` of each HTTP request after
-    its response arrived.
+    HTTP requests are ours (``transport.Pool.request``, which every request of both
+    backends goes through) and the peers' (urllib3's ``urlopen``: python-etcd,
+    etcd3gw through requests). ``requests_sent()`` gives the total or one
+    thread's count. Hooks added with ``add_request_hook`` see ``(method, url,
+    body)`` of each HTTP request after its response arrived.
     """
     global _installed
     if _installed:
         return
     _installed = True
     import urllib3.connectionpool
+
+    from celery_etcdlock.backends import transport
 
     original_urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
 
@@ -252,15 +276,26 @@ def install_request_counting() -> None:
 
     urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
 
+    original_request = transport.Pool.request
+
+    def request(self: Any, method: str, target: str, body: bytes = b"", *args: Any, **kwargs: Any) -> Any:
+        _count()
+        response = original_request(self, method, target, body, *args, **kwargs)
+        for hook in list(_hooks):
+            hook(method, target, body)
+        return response
+
+    transport.Pool.request = request  # type: ignore[method-assign]
+
     try:
         import redis.connection
     except ImportError:
         return
-    original_send = redis.connection.AbstractConnection.send_command
+    original_send_command = redis.connection.AbstractConnection.send_command
 
     def send_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         _count()
-        return original_send(self, *args, **kwargs)
+        return original_send_command(self, *args, **kwargs)
 
     redis.connection.AbstractConnection.send_command = send_command  # type: ignore[method-assign]
 
@@ -557,6 +592,32 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     for row in rows:
         lines.append("| " + " | ".join(fmt(cell) for cell in row) + " |")
     return "\n".join(lines)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process ``pid`` has used so far; nan if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it if it has not ended within ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+# a poll with a deadline: the tests' own (it raises TimedOut, an AssertionError, when the time is up)
+wait_for = wait_until
 
 
 def sleep_until(moment: float) -> None:

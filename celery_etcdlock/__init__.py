@@ -31,6 +31,7 @@ from .errors import (
     LockLost,
     NotHeld,
     TaskLocked,
+    UnsupportedPool,
     UnsupportedServer,
 )
 from .mutex import Mutex
@@ -84,6 +85,7 @@ __all__ = [
     "LockLost",
     "NotHeld",
     "TaskLocked",
+    "UnsupportedPool",
     "UnsupportedServer",
     "connect",
     "limited_task",

@@ -45,7 +45,7 @@ from .backends.base import Record
 from .client import Client
 from .election import Election
 from .errors import BackendError
-from .settings import Settings, client_for
+from .settings import Settings, client_for, enable_metrics
 from .store import DocumentStore, FenceLost
 
 logger = get_logger(__name__)
@@ -116,6 +116,7 @@ class LeaderScheduler(Scheduler):
         **kwargs: Any,
     ) -> None:
         settings = Settings.from_app(app)
+        enable_metrics(app)
         self.beat_ttl = settings.beat_ttl
         self.name = beat_name(app)
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"

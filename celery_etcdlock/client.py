@@ -30,7 +30,7 @@ class Client:
 
     @property
     def api(self) -> str:
-        """``"v2"`` or ``"v3"``."""
+        """``"v2"``, ``"v3"`` or ``"memory"``."""
         return self.options.api
 
     def session(self, ttl: float) -> Session:

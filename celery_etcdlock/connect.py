@@ -3,6 +3,7 @@
     client = connect("etcd3://127.0.0.1:2379")                # etcd v3 API (the default)
     client = connect("etcd3s://user:pw@h1:2379,h2:2379?ca=/etc/ca.pem")
     client = connect("etcd://127.0.0.1:2379")                 # etcd v2 keys API
+    client = connect("memory://")                             # in-process, for tests (memory://NAME: a namespace)
 
 The URL is checked at once (a malformed one raises ``ValueError`` naming the
 bad part, with the password masked); the server is not contacted until the

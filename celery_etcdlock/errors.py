@@ -67,6 +67,10 @@ class InvalidUse(EtcdLockError, RuntimeError):
     """An object used out of turn: ``acquire()`` on a lock object that is held or busy, ``start()`` twice."""
 
 
+class UnsupportedPool(EtcdLockError, RuntimeError):
+    """The process runs under a concurrency library whose pool cannot keep locks alive (eventlet)."""
+
+
 class TaskLocked(EtcdLockError):
     """A singleton task found its lock taken and ``on_conflict="raise"``."""
 

@@ -20,6 +20,7 @@ by two hex digits), so the two kinds never collide.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -69,6 +70,7 @@ def decode_name(segment: str) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+@functools.lru_cache(maxsize=4096)  # task runs take the same few names again and again
 def queue_key(namespace: str, name: str) -> str:
     return f"{namespace}/{encode_name(name)}"
 

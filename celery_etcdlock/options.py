@@ -11,6 +11,7 @@ error everywhere:
   infinite, above ``MAX_SECONDS``): ``ValueError``.
 
     parse_url("etcd3s://app:secret@h1:2379,h2?ca=/etc/ca.pem&timeout=2")
+    parse_url("memory://unit-tests?prefix=/app")   # the in-process backend, namespace "unit-tests"
     check_seconds(10, "ttl", positive=True)     # 10.0
     redact("etcd3://app:secret@h1:2379")        # 'etcd3://app:***@h1:2379'
 """
@@ -37,7 +38,8 @@ MAX_SECONDS = 7 * 24 * 3600.0
 
 @dataclass(frozen=True)
 class Scheme:
-    """One URL scheme: the etcd API it speaks, whether over TLS, and the backend class (``module:Class``)."""
+    """One URL scheme: the etcd API it speaks (``"memory"``: none, in-process), whether over TLS, and the backend
+    class (``module:Class``)."""
 
     api: str
     tls: bool
@@ -50,8 +52,11 @@ SCHEMES: dict[str, Scheme] = {
     "etcds": Scheme("v2", True, "celery_etcdlock.backends.etcd2:Etcd2Backend"),
     "etcd3": Scheme("v3", False, "celery_etcdlock.backends.etcd3:Etcd3Backend"),
     "etcd3s": Scheme("v3", True, "celery_etcdlock.backends.etcd3:Etcd3Backend"),
+    "memory": Scheme("memory", False, "celery_etcdlock.backends.memory:MemoryBackend"),
 }
 _QUERY_OPTIONS = ("prefix", "timeout", "retry_max_delay", "ca", "cert", "key")
+_MEMORY_QUERY_OPTIONS = ("prefix", "timeout", "retry_max_delay")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]*\Z")  # memory://NAME: a plain name, or none (the default namespace)
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,11 @@ class ConnectionOptions:
     prefix: str = DEFAULT_PREFIX
     timeout: float = DEFAULT_TIMEOUT
     retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY
+    namespace: str = ""  # memory:// only: which in-process store ("" is the default one)
 
     @property
     def api(self) -> str:
-        """``"v2"`` or ``"v3"``."""
+        """``"v2"``, ``"v3"`` or ``"memory"``."""
         return SCHEMES[self.scheme].api
 
     @property
@@ -81,12 +87,16 @@ class ConnectionOptions:
     @property
     def endpoint_urls(self) -> tuple[str, ...]:
         """``http(s)://host:port`` of each endpoint: what errors and logs name (never with credentials)."""
+        if self.api == "memory":
+            return (f"memory://{self.namespace}",)
         scheme = "https" if self.tls else "http"
         return tuple(f"{scheme}://{_host_for_url(h)}:{p}" for h, p in self.endpoints)
 
     @property
     def url(self) -> str:
         """The URL again, with the password masked."""
+        if self.api == "memory":
+            return f"memory://{self.namespace}?prefix={self.prefix}"
         credentials = f"{self.username}:***@" if self.username is not None else ""
         hosts = ",".join(f"{_host_for_url(h)}:{p}" for h, p in self.endpoints)
         return f"{self.scheme}://{credentials}{hosts}?prefix={self.prefix}"
@@ -111,6 +121,8 @@ def parse_url(
         raise ValueError(f"etcd URL {shown!r} has no scheme: expected {_scheme_list()}")
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r} in etcd URL {shown!r}: expected {_scheme_list()}")
+    if SCHEMES[scheme].api == "memory":
+        return _parse_memory_url(scheme, rest, shown, retry_max_delay=retry_max_delay, timeout=timeout, prefix=prefix)
     end = _credentials_end(rest, conservative=False)
     credentials, rest = (rest[:end], rest[end + 1 :]) if end >= 0 else ("", rest)
     netloc, _, query = rest.partition("?")
@@ -150,6 +162,42 @@ def parse_url(
         ca=ca,
         cert=cert,
         key=key,
+        prefix=check_prefix(prefix if prefix is not None else params.get("prefix", DEFAULT_PREFIX)),
+        timeout=_given_or_query("timeout", timeout, params, DEFAULT_TIMEOUT, positive=True),
+        retry_max_delay=_given_or_query("retry_max_delay", retry_max_delay, params, DEFAULT_RETRY_MAX_DELAY),
+    )
+
+
+def _parse_memory_url(
+    scheme: str,
+    rest: str,
+    shown: str,
+    *,
+    retry_max_delay: float | None,
+    timeout: float | None,
+    prefix: str | None,
+) -> ConnectionOptions:
+    """``memory://`` or ``memory://NAME``, with the query options that mean something in-process."""
+    namespace, _, query = rest.partition("?")
+    if "@" in namespace:
+        raise ValueError(f"memory URL {shown!r} has credentials: memory:// has no users, leave them out")
+    if not _NAMESPACE.match(namespace):
+        raise ValueError(
+            f"memory URL {shown!r}: the namespace {namespace!r} may hold only letters, digits, '-', '_' and '.' "
+            "(memory://NAME, or memory:// for the default one; no port, host list or path)"
+        )
+    params: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in _QUERY_OPTIONS and name not in _MEMORY_QUERY_OPTIONS:
+            raise ValueError(f"memory URL {shown!r}: option {name}= is for TLS to etcd; memory:// has no TLS")
+        if name not in _MEMORY_QUERY_OPTIONS:
+            known = ", ".join(_MEMORY_QUERY_OPTIONS)
+            raise ValueError(f"unknown option {name!r} in memory URL {shown!r}; known options: {known}")
+        params[name] = value
+    return ConnectionOptions(
+        scheme=scheme,
+        endpoints=(),
+        namespace=namespace,
         prefix=check_prefix(prefix if prefix is not None else params.get("prefix", DEFAULT_PREFIX)),
         timeout=_given_or_query("timeout", timeout, params, DEFAULT_TIMEOUT, positive=True),
         retry_max_delay=_given_or_query("retry_max_delay", retry_max_delay, params, DEFAULT_RETRY_MAX_DELAY),

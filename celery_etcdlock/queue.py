@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 READ, WRITE, SLOT = "read", "write", "slot"
 MODES = (READ, WRITE, SLOT)
 _HOSTNAME = socket.gethostname()
+_holder = (0, "")  # (pid, "host:pid") of the last process that asked
 MAX_DATA_BYTES = 64 * 1024  # what a holder may record in its entry: every waiter reads every entry
 
 
@@ -181,7 +182,7 @@ class QueueLock:
         self._waiting: SessionKey | None = None
         self._state = threading.Lock()  # makes cancel() and the end of an acquire exclusive
         self._busy = threading.Lock()
-        self._cancelled = threading.Event()
+        self._cancelled = False  # set by cancel(), under _state
         self._reported: SessionKey | None = None  # the key whose loss on_lost was told of: once per hold
         self._abort: threading.Event | None = None
 
@@ -216,7 +217,17 @@ class QueueLock:
 
     @property
     def holder(self) -> str:
-        return f"{_HOSTNAME}:{os.getpid()}"
+        """``host:pid`` of this process (a forked child has its own)."""
+        global _holder
+        pid = os.getpid()
+        if _holder[0] != pid:
+            _holder = (pid, f"{_HOSTNAME}:{pid}")
+        return _holder[1]
+
+    @property
+    def primitive(self) -> str:
+        """What the lock is in reports and metrics: "mutex", "semaphore", "read", "write" or "election"."""
+        return self.kind if self.kind != "lock" else self.mode
 
     def acquire(
         self,
@@ -240,7 +251,7 @@ class QueueLock:
         try:
             if self._held is not None:
                 raise InvalidUse(f"lock {self.name!r} is already held by this object (lock objects are not reentrant)")
-            self._cancelled.clear()
+            self._cancelled = False
             self._abort = abort
             self.conflict = None
             waits = blocking and timeout != 0
@@ -252,15 +263,23 @@ class QueueLock:
 
     def release(self) -> None:
         """Release the lock. ``NotHeld`` if this object does not hold it; quiet if it was lost."""
-        skey, self._held = self._held, None
-        if skey is None:
-            raise NotHeld(f"lock {self.name!r} is not held by this object")
-        was_alive = skey.alive
+        with self._state:
+            skey, self._held = self._held, None
+            if skey is None:
+                raise NotHeld(f"lock {self.name!r} is not held by this object")
+            was_alive = skey.alive
+            # lost, but not told yet (the renewer had not got to it): from now on nobody else would say so
+            untold = not was_alive and self._reported is not skey
+            self._reported = skey
         self._session.leave(skey)
+        held_for = time.monotonic() - self._held_since
         if was_alive:
-            held_for = time.monotonic() - self._held_since
             logger.debug("lock %s released by %s (token %d)", self.name, self.holder, skey.entry.token)
             self._report(observe.RELEASED, token=skey.entry.token, seconds=held_for)
+        elif untold:
+            reason = skey.lost_reason or "no renewal succeeded in time"
+            logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, reason)
+            self._report(observe.LOST, token=skey.entry.token, seconds=held_for, cause=skey.lost_cause or observe.LATE)
 
     def forfeit(self, reason: str, entry: Entry | None = None) -> None:
         """Give the lock up as lost (its key, ``entry`` if given, was seen deleted) without waiting for a renewal."""
@@ -271,7 +290,7 @@ class QueueLock:
     def cancel(self) -> None:
         """Make a blocked ``acquire()`` in another thread give up (it returns False) and leave the queue now."""
         with self._state:
-            self._cancelled.set()
+            self._cancelled = True
             waiting = self._waiting
         if waiting is not None:
             self._session.leave(waiting)
@@ -425,7 +444,7 @@ class QueueLock:
             self._report(observe.CONFLICT, state=state, blocking=waits)
 
     def _given_up(self) -> bool:
-        return self._cancelled.is_set() or (self._abort is not None and self._abort.is_set())
+        return self._cancelled or (self._abort is not None and self._abort.is_set())
 
     def _wait_with(self, skey: SessionKey) -> bool:
         """Make ``skey`` the one cancel() deletes; False if cancel() came first."""
@@ -486,7 +505,7 @@ class QueueLock:
             observe.Event(
                 kind,
                 name=self.name,
-                primitive=self.kind if self.kind != "lock" else self.mode,
+                primitive=self.primitive,
                 token=token,
                 holder=self.holder,
                 data=dict(self.data or {}),

@@ -18,13 +18,14 @@ key that already exists, bad credentials) is an answer and is never retried.
 When a policy gives up, ``run()`` raises ``BackendUnavailable`` naming the
 endpoints tried. Retries are logged at WARNING, but not every one: the first
 failure at an endpoint, then at most one line per ``LOG_EVERY`` seconds per
-endpoint (saying how many were not logged), then the giving up.
+endpoint (saying how many were not logged), then the giving up. Every retry
+and every giving up is reported to ``observe`` (``RETRY``, ``FAILED``, with
+the endpoint: a URL without credentials), for the metrics.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -32,7 +33,7 @@ from typing import TypeVar
 import tenacity
 import tenacity.stop
 
-from . import clock
+from . import clock, green, observe
 from .errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
@@ -57,14 +58,16 @@ quick_backoff = tenacity.wait_exponential(multiplier=0.05, max=0.5) + tenacity.w
 LOG_EVERY = 10.0  # seconds between two retry warnings about one endpoint
 
 _logged: dict[str, tuple[float, int]] = {}  # endpoint -> (when a retry was last logged, retries not logged since)
-_logged_lock = threading.Lock()
+_logged_lock = green.native_lock()  # a renewer thread logs retries too, under gevent a native one
 
 
-def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
+def _log_retry(operation: str, report: bool = True) -> Callable[[tenacity.RetryCallState], None]:
     def log(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         endpoint = exc.endpoint if isinstance(exc, Transient) else ""
+        if report and observe.listening():  # every retry, logged or not
+            observe.report(observe.Event(observe.RETRY, endpoint=endpoint, operation=operation))
         now = time.monotonic()
         with _logged_lock:
             last, quiet = _logged.get(endpoint, (-LOG_EVERY, 0))
@@ -101,18 +104,27 @@ def call_policy(max_delay: float, operation: str, started: float) -> tenacity.Re
     )
 
 
-def renewal_policy(deadline: float, operation: str) -> tenacity.Retrying:
-    """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``)."""
+def renewal_policy(
+    deadline: float, operation: str, sleep: Callable[[float], None] | None = None, report: bool = True
+) -> tenacity.Retrying:
+    """Retry a transient failure only while the next attempt could beat ``deadline`` (on ``clock.now()``).
+
+    ``sleep`` pauses between attempts, and ``report=False`` keeps the retries from ``observe``: a
+    renewer under gevent is a native thread, which must not wait on the green locks of a listener.
+    """
     return tenacity.Retrying(
+        sleep=sleep or tenacity.nap.sleep,
         retry=retry_if_transient,
         wait=quick_backoff,
         stop=tenacity.stop_before_delay(max(0.0, deadline - clock.now())),
-        before_sleep=_log_retry(operation),
+        before_sleep=_log_retry(operation, report),
         reraise=True,
     )
 
 
-def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ...]) -> T:
+def run(
+    policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ...], operation: str = "", report: bool = True
+) -> T:
     """Run ``fn`` under ``policy``; a last ``Transient`` becomes ``BackendUnavailable``."""
     try:
         return policy(fn)
@@ -124,6 +136,8 @@ def run(policy: tenacity.Retrying, fn: Callable[[], T], endpoints: tuple[str, ..
         with _logged_lock:
             _logged.pop(exc.endpoint, None)  # the next failure there is news again
         logger.warning("%s; gave up", message)
+        if report and observe.listening():
+            observe.report(observe.Event(observe.FAILED, endpoint=exc.endpoint, operation=operation))
         raise BackendUnavailable(message, endpoints=endpoints) from exc
 
 
@@ -147,4 +161,4 @@ def call(max_delay: float, operation: str, fn: Callable[[], T], endpoints: tuple
             raise exc
         return fn()
 
-    return run(call_policy(max_delay, operation, started), replay, endpoints)
+    return run(call_policy(max_delay, operation, started), replay, endpoints, operation)

@@ -26,6 +26,11 @@ not renew it.
 
 Sessions do not survive ``fork()``: the child starts with none and builds
 its own on first use (see ``Client``).
+
+Under gevent (``celery worker -P gevent``) the renewer is a native OS thread
+with connections of its own (``green.py``), so that a task that does not
+yield cannot stop its lock's renewal; ``on_lost`` callbacks then run in a
+greenlet of the thread that joined. eventlet is refused (``UnsupportedPool``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import clock, retry
+from . import clock, green, retry
 from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
 from .errors import BackendError
 from .observe import CLOSED, DELETED, LATE, REVOKED
@@ -56,20 +61,42 @@ def safety_margin(ttl: float) -> float:
     return min(max(0.1, 0.05 * ttl), ttl / 4)
 
 
+class Flag:
+    """Set once, read from any thread: the ``set``/``is_set`` of ``threading.Event``, which under gevent is a
+    greenlet event that a native thread (the renewer) must not set."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class SessionKey:
     """One queue entry this process created and keeps alive until it leaves (etcd: a Mutex's myKey and myRev)."""
 
     def __init__(
-        self, lease: SessionLease, queue: str, entry: Entry, on_lost: Callable[[SessionKey], None] | None
+        self,
+        lease: SessionLease,
+        queue: str,
+        entry: Entry,
+        on_lost: Callable[[SessionKey], None] | None,
+        hub: Callable[..., Any] | None = None,
     ) -> None:
         self.lease = lease
         self.queue = queue
         self.entry = entry
         self.on_lost = on_lost
+        self.hub = hub  # under gevent: runs on_lost in a greenlet of the thread that joined (green.hub_runner)
         self.pid = os.getpid()
         self.lost_cause: str | None = None  # observe.DELETED, LATE, REVOKED or CLOSED, once lost
         self.lost_reason: str | None = None  # the same, in words, for logs and LockLost
-        self.lost = threading.Event()
+        self.lost = Flag()
 
     @property
     def alive(self) -> bool:
@@ -114,16 +141,23 @@ class Session:
         self.server_ttl = server_ttl(ttl)  # what etcd is asked for: the clocks run on it
         self.margin = safety_margin(self.server_ttl)
         self.retry_max_delay = retry_max_delay
-        self._mutex = threading.Lock()  # guards the leases, their skeys and clocks, and _tidy
-        self._granting = threading.Lock()  # one grant at a time: concurrent joins share one lease
+        # Under gevent the renewer is a native thread that renews through a twin of the backend (see green.py)
+        self.green = green.check_pool() == green.GEVENT  # UnsupportedPool under eventlet
+        self.renewing_backend = backend.native_twin() if self.green else backend
+        self._sleep = green.native_sleep() if self.green else None  # between renewal attempts (None: tenacity's)
+        # guards the leases, their skeys and clocks, and _tidy; the renewer shares it, so an OS lock, held only
+        # for bookkeeping (never across I/O, a log call or a callback)
+        self._mutex = green.native_lock()
+        self._granting = threading.Lock()  # one grant at a time: concurrent joins share one lease (held across I/O)
         self._leases: list[SessionLease] = []
         self._shared: SessionLease | None = None  # the lease new entries go on (v3)
         self._tidy: dict[str, float] = {}  # queue -> when to remove its container if still unused
         self._not_before = 0.0  # set by the renewer after an unexpected failure, to pace retries
         self._unnotified: list[SessionKey] = []  # lost by another thread: the renewer runs their on_lost
         self._closed = False
-        self._wakeup = threading.Condition()  # guards the renewer thread and _wake_at; taken before _mutex
-        self._renewer: threading.Thread | None = None
+        # guards the renewer thread and _wake_at; taken before _mutex
+        self._wakeup: threading.Condition | green.NativeCondition = self._new_wakeup()
+        self._renewer: threading.Thread | green.NativeThread | None = None
         self._wake_at = float("inf")  # when the renewer plans to wake next
 
     @property
@@ -193,14 +227,14 @@ class Session:
                     if self.backend.entries_have_own_ttl:  # v2: the entry's own TTL starts now
                         lease.restart_clock(sent, self.server_ttl, self.margin)
                         self._leases.append(lease)
-                    skey = SessionKey(lease, queue, entry, on_lost)
+                    skey = SessionKey(lease, queue, entry, on_lost, self._hub(on_lost))
                     lease.skeys[entry.key] = skey
             if stale:
                 with contextlib.suppress(BackendError):
                     self.backend.delete_entry(entry)
                 continue
             try:
-                self._schedule()
+                self._schedule(lease)
             except BaseException:  # no renewer (say, no thread could start): the entry must not stay
                 with self._mutex:
                     self._forget(skey)
@@ -265,24 +299,30 @@ class Session:
         stop_at = min(deadline, clock.now() + self.server_ttl / 3)
         handle = lease.handle
         sent = clock.now()
+        backend = self.renewing_backend
         try:
+            operation = f"renewal of {len(skeys)} entries (lease {handle.id})"
             gone = retry.run(
-                retry.renewal_policy(stop_at, f"renewal of {len(skeys)} entries (lease {handle.id})"),
-                lambda: self.backend.keep_alive(
+                retry.renewal_policy(stop_at, operation, self._sleep, report=not self.green),
+                lambda: backend.keep_alive(
                     handle,
                     [skey.entry for skey in skeys],
                     timeout=max(0.05, min(stop_at - clock.now(), self.server_ttl / 3)),
                 ),
-                self.backend.endpoints,
+                backend.endpoints,
+                operation,
+                report=not self.green,
             )
         except BackendError as exc:
             with self._mutex:
-                if clock.now() >= lease.deadline:
+                late = clock.now() >= lease.deadline
+                if late:
                     lost = self._expire(lease, LATE, f"no renewal succeeded within its {self.server_ttl}s TTL: {exc}")
                 else:
                     lost = []
-                    logger.warning("renewal of lease %s failed (%s); trying again", handle.id, exc)
                     lease.next_renewal = clock.now() + min(0.5, self.server_ttl / 10)
+            if not late:  # logged outside the mutex: a log handler may wait (under gevent, on the hub)
+                logger.warning("renewal of lease %s failed (%s); trying again", handle.id, exc)
             _notify(lost)
             return
         with self._mutex:
@@ -302,7 +342,7 @@ class Session:
         _notify(lost)
         for key in strays:
             try:
-                self.backend.delete_stray(handle, key)
+                backend.delete_stray(handle, key)
                 logger.info("deleted %s: left on lease %s by a failed delete or an interrupted join", key, handle.id)
             except BackendError as exc:
                 logger.warning("could not delete stray %s on lease %s: %s", key, handle.id, exc)
@@ -311,10 +351,12 @@ class Session:
 
     def drop_all(self) -> None:
         """Forget every skey without marking it lost (after fork: they are the parent's)."""
-        self._mutex = threading.Lock()  # another thread may have held these at the fork
+        self._mutex = green.native_lock()  # another thread may have held these at the fork
         self._granting = threading.Lock()
-        self._wakeup = threading.Condition()
+        self._wakeup = self._new_wakeup()
         self._renewer = None  # it did not survive the fork
+        if self.renewing_backend is not self.backend:
+            self.renewing_backend.after_fork()
         self._wake_at = float("inf")
         self._leases = []
         self._shared = None
@@ -335,17 +377,30 @@ class Session:
                 self.backend.revoke(lease.handle, entries)
             except BackendError as exc:
                 logger.warning("could not free lease %s (%s); its keys expire in %ss", lease.handle.id, exc, self.ttl)
+        if self.renewing_backend is not self.backend:
+            self.renewing_backend.close()
 
     # -- the renewer thread -----------------------------------------------------
 
-    def _schedule(self) -> None:
-        """Make sure the renewer runs when the session is next due: start it, or wake it if sooner."""
+    def _schedule(self, joined: SessionLease | None = None) -> None:
+        """Make sure the renewer runs when the session is next due: start it, or wake it if sooner.
+
+        ``joined``: the lease a key was just added to; when the running renewer is due to wake
+        before that lease needs it anyway (the common case), nothing else can have changed.
+        """
         with self._wakeup:
+            renewer = self._renewer
+            if (
+                joined is not None
+                and renewer is not None
+                and renewer.is_alive()
+                and min(joined.next_renewal, joined.deadline) >= self._wake_at
+            ):
+                return
             due = self.next_due
             if self._renewer is None or not self._renewer.is_alive():
-                renewer = threading.Thread(
-                    target=self._renew_when_due, name=f"etcdlock-renewer-{self.ttl:g}s", daemon=True
-                )
+                thread = green.NativeThread if self.green else threading.Thread
+                renewer = thread(target=self._renew_when_due, name=f"etcdlock-renewer-{self.ttl:g}s", daemon=True)
                 renewer.start()  # first: a thread that failed to start must not pass for a running one
                 self._renewer, self._wake_at = renewer, due
             elif due < self._wake_at:
@@ -372,6 +427,13 @@ class Session:
                 self._not_before = clock.now() + 0.5
 
     # -- internals --------------------------------------------------------------
+
+    def _new_wakeup(self) -> threading.Condition | green.NativeCondition:
+        return green.NativeCondition() if self.green else threading.Condition()
+
+    def _hub(self, on_lost: Callable[[SessionKey], None] | None) -> Callable[..., Any] | None:
+        """Under gevent, where ``on_lost`` must run: in a greenlet of the calling thread (None: on the renewer)."""
+        return green.hub_runner() if self.green and on_lost is not None else None
 
     def _lease_for_new_entry(self) -> SessionLease:
         """The lease a new entry goes on, with the join counted in (``joining``)."""
@@ -409,7 +471,7 @@ class Session:
             in_use = {skey.queue for t in self._leases for skey in t.skeys.values()}
         for queue in due:
             if queue not in in_use:
-                self.backend.forget_queue(queue)
+                self.renewing_backend.forget_queue(queue)
 
     def _strays(self, lease: SessionLease) -> list[str]:
         """Keys the lease carries that no skey owns, seen by two renewals in a row (mutex held).
@@ -460,10 +522,25 @@ def _lose(skeys: list[SessionKey], cause: str, reason: str) -> list[SessionKey]:
 
 
 def _notify(skeys: list[SessionKey]) -> None:
-    """Run the on_lost callbacks, outside every session lock (a callback may release its lock)."""
+    """Run the on_lost callbacks, outside every session lock (a callback may release its lock).
+
+    Under gevent each runs in a greenlet of the thread that joined, when that thread's hub next runs.
+    """
     for skey in skeys:
-        if skey.on_lost is not None:
-            try:
-                skey.on_lost(skey)
-            except Exception:
-                logger.exception("on_lost callback for %s raised", skey.entry.key)
+        if skey.on_lost is None:
+            continue
+        if skey.hub is None:
+            _run_on_lost(skey)
+            continue
+        try:
+            skey.hub(_run_on_lost, skey)
+        except Exception:  # the hub is gone (its thread ended, the process is exiting): nobody to tell
+            logger.exception("could not hand the loss of %s to its hub", skey.entry.key)
+
+
+def _run_on_lost(skey: SessionKey) -> None:
+    assert skey.on_lost is not None
+    try:
+        skey.on_lost(skey)
+    except Exception:
+        logger.exception("on_lost callback for %s raised", skey.entry.key)

@@ -12,10 +12,18 @@
 | ``etcdlock_retry_max_delay`` | the URL's ``?retry_max_delay=``, else ``30`` s (``5`` s while   |
 |                              | ``etcdlock_url`` is not set: a first try should fail fast)      |
 | ``etcdlock_beat_name``       | the app's main name                                             |
+| ``etcdlock_metrics``         | ``True``: Prometheus metrics on in workers and beats when       |
+|                              | prometheus_client is installed; ``False``: never                |
+| ``etcdlock_metrics_registry``| ``None``: prometheus_client's default ``REGISTRY``; or a        |
+|                              | ``CollectorRegistry`` to register them on                       |
 
 With Django's ``CELERY`` namespace the same settings are ``CELERY_ETCDLOCK_URL``
 and so on. The client is shared by every task and the beat scheduler of the
 process; it rebuilds its connections and sessions by itself in a forked child.
+
+A worker turns the metrics on at its start (``worker_init``, before its pool
+forks), a ``LeaderScheduler`` beat when it is created; see
+``celery_etcdlock.metrics``. Without prometheus_client, nothing is imported.
 
 Importing this module also teaches Celery to mask the password of
 ``etcdlock_url`` wherever it shows settings (``celery report``, ``celery
@@ -25,7 +33,9 @@ PASS, KEY or SECRET in them, and URLs of brokers and result backends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,9 +44,10 @@ from typing import Any
 from celery import signals
 from celery.app import utils as celery_app_utils
 
+from . import metrics
 from .client import Client
 from .connect import connect
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, InvalidUse
 from .options import DEFAULT_URL, check_seconds, check_ttl, redact
 
 DEFAULTS: dict[str, Any] = {
@@ -46,6 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "etcdlock_beat_ttl": 10,
     "etcdlock_retry_max_delay": None,  # the URL's ?retry_max_delay=, else DEFAULT_RETRY_MAX_DELAY
     "etcdlock_beat_name": None,  # the app's main name, else "celery"
+    "etcdlock_metrics": True,  # when prometheus_client is installed
+    "etcdlock_metrics_registry": None,  # prometheus_client.REGISTRY
 }
 
 #: how long to keep trying the default etcd when no etcdlock_url is set: a first try on a laptop should fail fast
@@ -112,11 +125,27 @@ def _seconds(value: object, name: str) -> float | None:
 
 _clients: dict[tuple[str, str | None, float | None], Client] = {}
 _clients_lock = threading.Lock()
+_loaded_in = os.getpid()  # a pool process forked from the worker that loaded this module has another pid
+_pool_child_pid: int | None = None  # this process's pid once Celery started it as a (forked) pool process
+
+
+@signals.worker_process_init.connect(weak=False)
+def _note_pool_child(**_: Any) -> None:
+    global _pool_child_pid
+    if os.getpid() != _loaded_in:  # the solo pool sends the signal too, in the worker's own process
+        _pool_child_pid = os.getpid()
 
 
 def client_for(app: Any, settings: Settings | None = None) -> Client:
     """The process's client for ``app``'s settings, created on first use."""
     settings = settings or Settings.from_app(app)
+    if _pool_child_pid == os.getpid() and settings.url.startswith("memory:"):
+        # each pool process would have a memory:// of its own, and their locks would not exclude each other
+        raise InvalidUse(
+            f"etcdlock_url is {settings.shown_url}, which lives in one process, and this is a prefork pool "
+            f"process (pid {_pool_child_pid}): its locks would not exclude those of the other pool processes. "
+            "Use a real etcd (celery_etcdlock.testing's etcd_server fixture starts one), or the solo or threads pool"
+        )
     key = (settings.url, settings.prefix, settings.retry_max_delay)
     with _clients_lock:
         client = _clients.get(key)
@@ -176,3 +205,46 @@ def _warn_if_every_beat_sends(sender: Any = None, **_: Any) -> None:
         LEADER_SCHEDULER,
         LEADER_SCHEDULER,
     )
+
+
+# -- metrics: on in workers and beats, as the settings say ----------------------------------------
+
+
+def enable_metrics(app: Any) -> bool:
+    """Turn the metrics on in this process if ``app``'s settings want them and prometheus_client is installed."""
+    conf = app.conf
+    wanted = conf.get("etcdlock_metrics")
+    wanted = DEFAULTS["etcdlock_metrics"] if wanted is None else wanted
+    if not isinstance(wanted, bool):
+        raise TypeError(f"etcdlock_metrics must be True or False, not {wanted!r}")
+    if not wanted:
+        return False
+    try:
+        metrics.enable(registry=conf.get("etcdlock_metrics_registry"))
+    except ImportError:
+        logger.debug("prometheus_client is not installed: no celery_etcdlock metrics")
+        return False
+    except TypeError as exc:
+        raise TypeError(f"etcdlock_metrics_registry: {exc}") from None
+    return True
+
+
+@signals.worker_init.connect(weak=False)
+def _worker_metrics(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process, so that its pool processes inherit them."""
+    app = getattr(sender, "app", None)
+    if app is not None:
+        enable_metrics(app)
+
+
+@signals.worker_process_init.connect(weak=False)
+def _forget_dead_pool_processes(**_: Any) -> None:
+    """A new pool process often replaces one that was killed: its held locks must stop counting."""
+    with contextlib.suppress(Exception):  # metrics never stop a worker
+        metrics.forget_dead_processes()
+
+
+@signals.worker_process_shutdown.connect(weak=False)
+def _pool_process_exits(**_: Any) -> None:
+    with contextlib.suppress(Exception):
+        metrics.mark_this_process_dead()

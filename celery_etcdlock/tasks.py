@@ -43,10 +43,10 @@ from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
-from . import observe, signals
+from . import green, observe, signals
 from .client import Client
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
-from .errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked
+from .errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked, UnsupportedPool
 from .mutex import Mutex
 from .options import MAX_SECONDS
 from .queue import QueueState
@@ -92,6 +92,8 @@ class TaskLock(Fence, Protocol):
     def lost_cause(self) -> str | None: ...
     @property
     def lost_reason(self) -> str | None: ...
+    @property
+    def primitive(self) -> str: ...
     conflict: QueueState | None
 
     def acquire(
@@ -266,7 +268,7 @@ class LimitedTask(celery.Task):
         if task_id and any(h["data"].get("task_id") == task_id for h in holders):
             return self._acquire_after_own_attempt(lock, name, task_id, hostname)
         holder = _describe(holders)
-        self._report_conflict(name, task_id, holders)
+        self._report_conflict(lock, name, task_id, holders)
         if self.on_conflict == "retry":
             logger.info(
                 "task %s[%s] found %s held by %s; retrying in %ss",
@@ -300,10 +302,14 @@ class LimitedTask(celery.Task):
         signals.skipped(self, task_id, name, holders)
         return False
 
-    def _report_conflict(self, name: str, task_id: str | None, holders: list[dict[str, Any]]) -> None:
+    def _report_conflict(self, lock: TaskLock, name: str, task_id: str | None, holders: list[dict[str, Any]]) -> None:
         if observe.listening():
             data = {"task": self.name, "task_id": task_id, "on_conflict": self.on_conflict}
-            observe.report(observe.Event(observe.TASK_CONFLICT, name=name, data=data, holders=tuple(holders)))
+            observe.report(
+                observe.Event(
+                    observe.TASK_CONFLICT, name=name, primitive=lock.primitive, data=data, holders=tuple(holders)
+                )
+            )
 
     def _wait_for(self, lock: TaskLock, client: Client, name: str, task_id: str | None) -> bool:
         """``on_conflict="wait"``: keep the place in the queue the acquire took, up to ``lock_timeout``."""
@@ -315,7 +321,7 @@ class LimitedTask(celery.Task):
             own_attempt = bool(task_id) and any(h["data"].get("task_id") == task_id for h in holders)
             logger.info("task %s[%s] waits for %s, held by %s", self.name, task_id, name, _describe(holders))
             if not own_attempt:
-                self._report_conflict(name, task_id, holders)
+                self._report_conflict(lock, name, task_id, holders)
 
         acquired = _acquire_despite_limit_changes(lock, self.lock_timeout, waiting)
         if own_attempt and task_id:
@@ -662,6 +668,15 @@ def _finished(task: LimitedTask, task_id: str, patience: float = 2.0) -> bool:
 # holds nothing. revoke(terminate=True) and the soft time limit raise in the
 # child (billiard turns SIGTERM into SystemExit), so __call__'s finally
 # releases the lock; SIGKILL and the hard time limit leave it to the TTL.
+
+
+@celery_signals.worker_init.connect(weak=False)
+def _refuse_unsupported_pool(**_: Any) -> None:
+    """A worker whose pool cannot keep locks alive (eventlet) does not start: every locked task would fail."""
+    try:
+        green.check_pool()
+    except UnsupportedPool as exc:
+        raise SystemExit(f"celery_etcdlock: {exc}") from None  # Celery logs and ignores a handler's Exception
 
 
 @celery_signals.task_revoked.connect(weak=False)

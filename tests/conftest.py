@@ -33,6 +33,9 @@ ALL_APIS = ("v2", "v3")
 # What each API is tested against: (etcd version, enable_v2).
 _SERVER_KIND = {"v2": ("3.4", True), "v3": ("3.5", False)}
 
+# Our own test kit, as users load it, and Celery's pytest fixtures (celery_app, celery_worker, ...)
+pytest_plugins = ("celery.contrib.pytest", "celery_etcdlock.testing")
+
 _servers_key = pytest.StashKey[list[Any]]()
 
 
@@ -64,7 +67,7 @@ def _start(server: EtcdServer | RedisServer) -> EtcdServer | RedisServer:
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdServer]:
+def etcd34_server() -> Iterator[EtcdServer]:
     """etcd 3.4 with the v2 API enabled, for the whole session. Do not stop it: use own_etcd."""
     server = _start(EtcdServer("3.4", enable_v2=True, name="etcd34"))
     assert isinstance(server, EtcdServer)
@@ -73,7 +76,7 @@ def etcd_server() -> Iterator[EtcdServer]:
 
 
 @pytest.fixture(scope="session")
-def etcd3_server() -> Iterator[EtcdServer]:
+def etcd35_server() -> Iterator[EtcdServer]:
     """etcd 3.5 without the v2 API (v3 only), for the whole session."""
     server = _start(EtcdServer("3.5", enable_v2=False, name="etcd35"))
     assert isinstance(server, EtcdServer)
@@ -111,8 +114,8 @@ def unique_prefix(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def etcd_server_for_api(api: str, request: pytest.FixtureRequest) -> EtcdServer:
-    """The session-scoped server of this test's API (etcd_server or etcd3_server)."""
-    server: EtcdServer = request.getfixturevalue("etcd_server" if api == "v2" else "etcd3_server")
+    """The session-scoped server of this test's API (etcd34_server or etcd35_server)."""
+    server: EtcdServer = request.getfixturevalue("etcd34_server" if api == "v2" else "etcd35_server")
     _track(request, server)
     return server
 

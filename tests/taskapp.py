@@ -64,6 +64,12 @@ def configure(etcd_url: str, redis_url: str) -> None:
     app.conf.update(
         etcdlock_url=etcd_url, etcdlock_prefix=_prefix(etcd_url), broker_url=redis_url, result_backend=redis_url
     )
+    # another test module may have used this app with servers it has stopped since: the app caches its
+    # result backend and its pool of broker connections, which would still point there
+    app._backend_cache = None  # Celery keeps a thread-safe backend here, another in app._local
+    app._local.__dict__.pop("backend", None)
+    app._pool = None  # the broker connections (their server is gone), and the producers made from them
+    app.__dict__.pop("amqp", None)
 
 
 def store() -> redis.Redis:

@@ -613,3 +613,41 @@ def test_crontab_run_due_during_failover_is_sent_exactly_once(etcd_url, redis_ur
     if killed_at < boundary:  # the usual case: it fell due while nobody led
         assert cron[0]["sender"] != leader
     beats.check_no_doubles()
+
+
+def _plain_beat(tmp_path: Path, env: dict[str, str], app: str, scheduler: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp_path / f"beat-{unique()}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [CELERY, "-A", app, "beat", "-S", scheduler, "-l", "info", "-s", str(tmp_path / f"schedule-{unique()}")],
+            cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    return proc, log
+
+
+def test_a_beat_of_an_app_that_uses_the_package_warns_without_the_leader_scheduler(etcd_url, redis_url, tmp_path):
+    """A second plain beat beside leader-elected ones would double-send every entry: it says so at its start."""
+    env = {"BEATAPP_BROKER": redis_url, "ETCDLOCK_URL": etcd_url, "BEATAPP_QUEUE": f"q-{unique()}"}
+    proc, log = _plain_beat(tmp_path, env, "tests.beatapp", "celery.beat:PersistentScheduler")
+    try:
+        wait_until(lambda: "every other beat host" in log.read_text(errors="replace"), 60, "the warning")
+        text = log.read_text(errors="replace")
+        assert "celery.beat.PersistentScheduler" in text and "-S celery_etcdlock.beat:LeaderScheduler" in text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_beat_of_an_app_that_does_not_use_the_package_does_not_warn(redis_url, tmp_path):
+    (tmp_path / "plainapp.py").write_text(f"import celery\napp = celery.Celery('plain', broker={redis_url!r})\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    proc, log = _plain_beat(tmp_path, env, "plainapp", "celery.beat:PersistentScheduler")
+    try:
+        wait_until(lambda: "beat: Starting" in log.read_text(errors="replace"), 60, "the beat to start")
+        proc.terminate()
+        proc.wait(30)
+        assert "LeaderScheduler" not in log.read_text(errors="replace")  # installed, but not used: no word
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

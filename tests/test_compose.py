@@ -179,7 +179,9 @@ def test_workers_get_a_grace_period_for_their_tasks_and_lock_releases(services: 
     """The sizing rule the file states: the longest lock wait of a task, plus its release, within the grace."""
     service = services[name]
     _command, _params, app, _conf = parse_celery(command_of(service), service["environment"])
-    waits = [task.lock_timeout for task in app.tasks.values() if getattr(task, "lock_timeout", None)]
+    # the shop's tasks only: shared tasks other test modules defined are registered on every app
+    shop = [task for task in app.tasks.values() if task.name.startswith("shop.")]
+    waits = [task.lock_timeout for task in shop if getattr(task, "lock_timeout", None)]
     assert waits, "no shop task waits for its lock: the sizing comment is out of date"
     grace = seconds(service["stop_grace_period"])
     assert grace >= max(waits) + DEFAULT_TIMEOUT, f"{name}: stop_grace_period {grace}s"
@@ -218,7 +220,7 @@ def test_the_dockerfile_installs_the_package_with_the_redis_extra_and_copies_fil
         found = [path for source in sources for path in glob.glob(str(REPO / source))]
         assert found, f"COPY {sources}: nothing in the repository matches"
     installs = [shlex.split(rest) for word, rest in instructions if word == "RUN" and "pip install" in rest]
-    assert [argv[argv.index("install") + 1 :] for argv in installs] == [[".[redis]"]], installs
+    assert [argv[argv.index("install") + 1 :] for argv in installs] == [[".[redis,metrics]"]], installs
     # Building the package reads pyproject.toml and the files it names: all must be in the image.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     copied = {source.rstrip("*") for *sources, _ in copies for source in sources}
@@ -284,6 +286,11 @@ def test_the_demo_procfile_runs_the_same_commands(tmp_path: Path):
         loop = entries[name]
         assert loop.startswith(f"while :; do SHOP_NODE={name} ") and loop.endswith("; sleep 1; done")
         argv = shlex.split(loop.removeprefix(f"while :; do SHOP_NODE={name} ").removesuffix("; sleep 1; done"))
+        env = {}
+        while argv and re.match(r"^[A-Z_]+=", argv[0]):  # VAR=value words before the command
+            key, value = argv.pop(0).split("=", 1)
+            env[key] = value
+        assert env == stack.metrics_env(name) and env["SHOP_METRICS_PORT"].isdigit()
         command, params, _app, conf = parse_celery(["celery", *argv[3:]], stack.env)
         assert conf["etcdlock_url"] == stack.env["ETCDLOCK_URL"]
         assert command == ("worker" if name in WORKERS else "beat")

@@ -154,9 +154,9 @@ def test_unreachable_server_gets_backend_unavailable_naming_it():
     assert info.value.endpoints == (f"http://127.0.0.1:{port}",)
 
 
-def test_fails_over_to_the_next_endpoint(etcd_server):
+def test_fails_over_to_the_next_endpoint(etcd34_server):
     dead = free_port()
-    client = connect(f"etcd://127.0.0.1:{dead},{etcd_server.endpoint}?prefix=/failover", retry_max_delay=10)
+    client = connect(f"etcd://127.0.0.1:{dead},{etcd34_server.endpoint}?prefix=/failover", retry_max_delay=10)
     with Mutex(client, "x", ttl=5) as lock:
         assert lock.held
 

@@ -90,6 +90,12 @@ def test_quick_demo_shows_failover_and_lock_recovery_with_zero_doubles(tmp_path:
     assert recovery["token_after"] > recovery["token_before"]
     assert 0 < recovery["seconds"] < 30
 
+    measured = summary["metrics"]  # what the workers' and beats' /metrics endpoints said at the end
+    assert measured["scraped"] == ["beat-1", "beat-2", "worker-1", "worker-2", "worker-3"]
+    assert measured["acquisitions"]["acquired"] > 0
+    assert len(measured["leaders"]) == 1  # exactly one beat says it leads
+    assert "  metrics (5 /metrics endpoints): locks acquired " in output
+
 
 def test_ctrl_c_stops_every_process_cleanly(no_leftovers: None):
     with start_demo("--quick") as demo:

@@ -8,42 +8,10 @@ import time
 
 import pytest
 
-from celery_etcdlock import Election, InvalidUse, LeaderEvent
+from celery_etcdlock import Election, InvalidUse
 from celery_etcdlock.keys import ELECTIONS, queue_key
 from tests.agents import agent, walls
 from tests.support import wait_until
-
-
-def test_campaign_resign_and_leader(client):
-    a = Election(client, "svc", identity="a", ttl=5)
-    b = Election(client, "svc", identity="b", ttl=5)
-    assert a.leader() is None
-    assert a.campaign(timeout=5)
-    assert a.is_leader and a.token is not None
-    assert b.leader() == "a"
-    assert not b.campaign(timeout=0.3)
-    a.resign()
-    assert not a.is_leader
-    assert b.campaign(timeout=5)
-    assert a.leader() == b.leader() == "b"
-    b.resign()
-
-
-def test_events_sequence(client):
-    a = Election(client, "ev", identity="a", ttl=5)
-    b = Election(client, "ev", identity="b", ttl=5)
-    a.start()
-    events_a = a.events()
-    assert next(events_a) == LeaderEvent("elected", "a")
-    b.start()
-    events_b = b.events()
-    assert next(events_b) == LeaderEvent("changed", "a")
-    wait_until(lambda: queued(client, "ev") == 2, 10)  # else a's going would leave nobody to lead
-    a.stop()  # resigns: b leads at once
-    assert list(events_a) == []  # ended by stop(), nothing more after it
-    assert next(events_b) == LeaderEvent("elected", "b")
-    b.stop()
-    assert list(events_b) == []
 
 
 def test_started_twice_is_invalid_use(client):
@@ -186,33 +154,3 @@ def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
         assert not [line for line in old.lines if line.startswith("LEADING") and walls(line) >= resumed_at]
 
 
-def test_leader_whose_key_is_deleted_is_deposed_at_once(client):
-    a = Election(client, "forced", identity="a", ttl=30)  # a renewal would notice only after 10 s
-    a.start()
-    events = a.events()
-    assert next(events) == LeaderEvent("elected", "a")
-    for entries in client.backend.list_queues(ELECTIONS).values():
-        for entry in entries:
-            client.backend.delete_entry(entry)  # what `celery etcdlock release` does to a stuck leader
-    assert next(events) == LeaderEvent("deposed", None)
-    following = next(events)
-    if following == LeaderEvent("changed", None):  # the observer may see the empty queue in between
-        following = next(events)
-    assert following == LeaderEvent("elected", "a")  # a candidate again, without a restart
-    a.stop()
-
-
-def test_resign_in_the_background_campaigns_again(client):
-    a = Election(client, "again", identity="a", ttl=5)
-    b = Election(client, "again", identity="b", ttl=5)
-    a.start()
-    events = a.events()
-    assert next(events) == LeaderEvent("elected", "a")
-    b.start()
-    wait_until(lambda: queued(client, "again") == 2, 10)
-    a.resign()  # b takes over; a queues again behind it
-    assert next(events) == LeaderEvent("changed", "b")
-    wait_until(lambda: queued(client, "again") == 2, 10)
-    b.stop()  # b resigns: a leads again, without a restart
-    assert next(events) == LeaderEvent("elected", "a")
-    a.stop()

@@ -31,8 +31,8 @@ def make(url: str, **kwargs: Any) -> Etcd2Backend:
 
 
 @pytest.fixture
-def backend(etcd_server: EtcdServer) -> Etcd2Backend:
-    return make(etcd_server.url(prefix=f"/v2-{uuid.uuid4().hex[:10]}"), retry_max_delay=60)
+def backend(etcd34_server: EtcdServer) -> Etcd2Backend:
+    return make(etcd34_server.url(prefix=f"/v2-{uuid.uuid4().hex[:10]}"), retry_max_delay=60)
 
 
 @pytest.mark.parametrize("length", [4100, 2_000_000])
@@ -51,10 +51,10 @@ def test_a_value_too_large_for_a_form_fails_at_once(backend: Etcd2Backend) -> No
     assert not isinstance(caught.value, BackendUnavailable)
 
 
-def test_the_peer_port_is_named(etcd_server: EtcdServer) -> None:
-    b = make(f"etcd://127.0.0.1:{etcd_server.peer_port}", retry_max_delay=5)
-    expected = f"127.0.0.1:{etcd_server.peer_port} is etcd's peer port; use the client port, usually 2379"
-    with pytest.raises(UnsupportedServer, match=f"{expected}.*{etcd_server.client_url}"):
+def test_the_peer_port_is_named(etcd34_server: EtcdServer) -> None:
+    b = make(f"etcd://127.0.0.1:{etcd34_server.peer_port}", retry_max_delay=5)
+    expected = f"127.0.0.1:{etcd34_server.peer_port} is etcd's peer port; use the client port, usually 2379"
+    with pytest.raises(UnsupportedServer, match=f"{expected}.*{etcd34_server.client_url}"):
         b.read_queue("locks/q")
 
 

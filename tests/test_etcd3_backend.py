@@ -4,7 +4,7 @@ Every method of ``backends.base.Backend`` is exercised on a real server: the
 queues, leases, records and watches, what each operation costs in requests,
 and what it leaves behind on the server (keys, leases). The transport under
 it (auth, TLS, servers that are not a v3 etcd, failures) is tested in
-test_gateway.py. Requests are counted by wrapping urllib3's ``urlopen``,
+test_gateway.py. Requests are counted by wrapping ``transport.Pool.request``,
 which every request of the backend goes through.
 """
 
@@ -32,9 +32,9 @@ from .test_gateway import count_requests
 
 
 @pytest.fixture
-def server(etcd3_server: EtcdServer) -> EtcdServer:
+def server(etcd35_server: EtcdServer) -> EtcdServer:
     """The session's etcd 3.5 without v2 (conftest)."""
-    return etcd3_server
+    return etcd35_server
 
 
 def make(url: str, **kwargs: Any) -> Etcd3Backend:
@@ -55,7 +55,7 @@ def backend(server: EtcdServer, prefix: str) -> Iterator[Etcd3Backend]:
 
 @pytest.fixture
 def requests_sent() -> Iterator[Counter[str]]:
-    """Counts every HTTP request the test sends through urllib3, by URL path."""
+    """Counts every HTTP request the test sends, by URL path."""
     with count_requests() as counts:
         yield counts
 

@@ -4,8 +4,8 @@ Real etcd 3.5 (and 3.4's v3 gateway where the two differ: error texts, auth),
 with auth, TLS and client certificates, without the JSON gateway, with short
 auth tokens; and what is not a v3 etcd client port: a redis, a plain HTTP
 server, etcd's peer port, dead ports. Connections are cut by a real TCP proxy
-in between. Requests are counted by wrapping urllib3's ``urlopen``, which
-every request of the gateway goes through.
+in between. Requests are counted by wrapping ``transport.Pool.request``, which
+every request of both backends goes through.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
-import urllib3
 
 from celery_etcdlock import retry
+from celery_etcdlock.backends import transport
 from celery_etcdlock.backends.base import Entry, WaitResult
 from celery_etcdlock.backends.etcd3 import Etcd3Backend
 from celery_etcdlock.backends.gateway import Failure, Gateway
@@ -48,16 +48,16 @@ from tests.support import (
 
 @contextmanager
 def count_requests() -> Iterator[Counter[str]]:
-    """Counts every HTTP request any urllib3 pool sends, by URL path, while in the block."""
+    """Counts every HTTP request any connection pool sends, by URL path, while in the block."""
     counts: Counter[str] = Counter()
-    real_urlopen = urllib3.HTTPConnectionPool.urlopen
+    real_request = transport.Pool.request
 
-    def urlopen(self: urllib3.HTTPConnectionPool, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        counts[url.split("?")[0]] += 1
-        return real_urlopen(self, method, url, *args, **kwargs)
+    def request(self: transport.Pool, method: str, target: str, *args: Any, **kwargs: Any) -> Any:
+        counts[target.split("?")[0]] += 1
+        return real_request(self, method, target, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(urllib3.HTTPConnectionPool, "urlopen", urlopen)
+        patch.setattr(transport.Pool, "request", request)
         yield counts
 
 
@@ -190,9 +190,9 @@ class CuttableProxy:
 # -- the transport itself -----------------------------------------------------------------------
 
 
-def test_one_pool_per_endpoint_and_no_io_before_the_first_request(etcd3_server: EtcdServer) -> None:
+def test_one_pool_per_endpoint_and_no_io_before_the_first_request(etcd35_server: EtcdServer) -> None:
     dead = free_port()
-    gateway = Gateway(parse_url(f"etcd3://127.0.0.1:{dead},{etcd3_server.endpoint}"))
+    gateway = Gateway(parse_url(f"etcd3://127.0.0.1:{dead},{etcd35_server.endpoint}"))
     gateway.close()  # nothing to close yet
     with pytest.raises(retry.Transient):
         gateway.post("kv/range", {"key": b64("/x")})
@@ -200,7 +200,7 @@ def test_one_pool_per_endpoint_and_no_io_before_the_first_request(etcd3_server: 
     for _ in range(5):
         assert "header" in gateway.post("kv/range", {"key": b64("/x")})
     pool = gateway._pools[1]
-    assert pool is not None and pool.num_connections == 1  # one kept-alive connection for sequential requests
+    assert pool is not None and pool.idle_connections == 1  # one kept-alive connection for sequential requests
     gateway.close()
     assert gateway._pools == [None, None]
 
@@ -226,7 +226,7 @@ class _HangUp(threading.Thread):
             conn.close()
 
 
-def test_urllib3_does_not_retry_on_its_own() -> None:
+def test_the_transport_does_not_retry_on_its_own() -> None:
     hang_up = _HangUp()
     try:
         gateway = Gateway(parse_url(f"etcd3://127.0.0.1:{hang_up.port}"))
@@ -239,7 +239,7 @@ def test_urllib3_does_not_retry_on_its_own() -> None:
 
 
 def test_nothing_comes_from_the_environment(
-    etcd3_server: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    etcd35_server: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     dead_proxy = f"http://127.0.0.1:{free_port()}"
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
@@ -248,7 +248,7 @@ def test_nothing_comes_from_the_environment(
     (tmp_path / ".netrc").write_text(f"machine 127.0.0.1 login {APP_USER} password wrong\n")
     monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    b = make(etcd3_server.url(prefix=prefix), retry_max_delay=2)
+    b = make(etcd35_server.url(prefix=prefix), retry_max_delay=2)
     entry = join(b, "locks/q", b.grant(10))
     assert b.read_queue("locks/q").entries == [entry]
 
@@ -287,8 +287,8 @@ def test_no_credentials_where_auth_is_on(auth_server: EtcdServer, prefix: str) -
         b.read_queue("locks/q")
 
 
-def test_credentials_where_auth_is_off_are_ignored(etcd3_server: EtcdServer, prefix: str) -> None:
-    b = make(etcd3_server.url(prefix=prefix, user="someone", password="pw"))
+def test_credentials_where_auth_is_off_are_ignored(etcd35_server: EtcdServer, prefix: str) -> None:
+    b = make(etcd35_server.url(prefix=prefix, user="someone", password="pw"))
     assert b.read_queue("locks/q").entries == []
 
 
@@ -379,20 +379,20 @@ def test_a_watch_whose_user_is_refused_fails_clearly(
     assert APP_PASSWORD not in str(waiter.error)
 
 
-def test_a_long_watch_cut_after_the_retry_budget_watches_again(etcd3_server: EtcdServer, prefix: str) -> None:
+def test_a_long_watch_cut_after_the_retry_budget_watches_again(etcd35_server: EtcdServer, prefix: str) -> None:
     """The retry budget counts from a call's start: a watch that worked longer than it, then lost its
     connection, must not give up at once."""
-    with CuttableProxy(etcd3_server.client_port) as proxy:
+    with CuttableProxy(etcd35_server.client_port) as proxy:
         b = make(f"etcd3://127.0.0.1:{proxy.port}?prefix={prefix}", retry_max_delay=0.5)
         entry = join(b, "locks/q", b.grant(60))
-        ranges = ranges_served(etcd3_server)
+        ranges = ranges_served(etcd35_server)
         started = time.monotonic()
         waiter = Waiter(b, entry, timeout=60)
-        wait_until(lambda: ranges_served(etcd3_server) > ranges, 30, "the watch's read of its key")
+        wait_until(lambda: ranges_served(etcd35_server) > ranges, 30, "the watch's read of its key")
         wait_until(lambda: time.monotonic() - started > 1.0, 5, "the retry budget to pass")
-        ranges = ranges_served(etcd3_server)
+        ranges = ranges_served(etcd35_server)
         proxy.cut()
-        wait_until(lambda: ranges_served(etcd3_server) > ranges or not waiter.is_alive(), 30, "the new watch's read")
+        wait_until(lambda: ranges_served(etcd35_server) > ranges or not waiter.is_alive(), 30, "the new watch's read")
         assert waiter.error is None and waiter.is_alive(), waiter.error
         b.delete_entry(entry)
         waiter.join(30)
@@ -491,9 +491,9 @@ def test_unreachable_endpoint_is_backend_unavailable() -> None:
     assert caught.value.endpoints == (f"http://127.0.0.1:{port}",)
 
 
-def test_fail_over_to_the_next_endpoint(etcd3_server: EtcdServer, prefix: str) -> None:
+def test_fail_over_to_the_next_endpoint(etcd35_server: EtcdServer, prefix: str) -> None:
     dead = free_port()
-    b = make(f"etcd3://127.0.0.1:{dead},{etcd3_server.endpoint}?prefix={prefix}", retry_max_delay=10)
+    b = make(f"etcd3://127.0.0.1:{dead},{etcd35_server.endpoint}?prefix={prefix}", retry_max_delay=10)
     entry = join(b, "locks/q", b.grant(10))
     assert b.read_queue("locks/q").entries == [entry]
     assert b.gateway.current == 1
@@ -520,8 +520,8 @@ def test_tls(etcd_server_factory: Callable[..., EtcdServer], monkeypatch: pytest
         unverified.read_queue("locks/q")
 
 
-def test_tls_scheme_against_a_plain_server(etcd3_server: EtcdServer) -> None:
-    b = make(f"etcd3s://{etcd3_server.endpoint}", retry_max_delay=5)
+def test_tls_scheme_against_a_plain_server(etcd35_server: EtcdServer) -> None:
+    b = make(f"etcd3s://{etcd35_server.endpoint}", retry_max_delay=5)
     with pytest.raises(UnsupportedServer, match="does not speak TLS.*etcd3://"):
         b.read_queue("locks/q")
 
@@ -599,8 +599,12 @@ def test_grpc_errors_are_classified(code: int, message: str, kind: type[Exceptio
     assert message in str(error)
 
 
-def test_the_v3_backend_does_not_import_requests() -> None:
-    """The transport is urllib3 alone."""
-    code = "import sys, celery_etcdlock.backends.etcd3; print(sorted(m for m in sys.modules if m == 'requests'))"
+def test_the_backends_import_no_http_client_library() -> None:
+    """The transport is our own (transport.py): no requests, urllib3, http.client or python-etcd."""
+    code = (
+        "import sys, celery_etcdlock.backends.etcd3, celery_etcdlock.backends.etcd2; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'urllib3', 'etcd') "
+        "or m == 'http.client'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"

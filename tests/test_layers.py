@@ -20,15 +20,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "options", "keys", "clock", "observe"}),
+    ("green", {"green"}),
     ("retry", {"retry"}),
-    ("backends", {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway"}),
+    (
+        "backends",
+        {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway", "backends.memory",
+         "backends.native", "backends.transport"},
+    ),  # fmt: skip
     ("session", {"session"}),
     ("client", {"client", "connect"}),
     ("queue", {"queue"}),
     ("primitives", {"mutex", "rwlock", "semaphore", "election"}),
     ("store", {"store"}),
+    ("metrics", {"metrics"}),  # listens to observe; never imported by the primitives
     ("celery", {"settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
-    ("cli", {"cli"}),
+    ("cli", {"cli", "testing"}),  # testing: the pytest plugin, above everything it tests
     ("package", {""}),  # __init__: the public names
 ]
 CELERY_FROM = "celery"  # the first layer that may import Celery (and kombu)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from celery_etcdlock import Mutex, RWLock
+from celery_etcdlock import RWLock
 from celery_etcdlock.keys import LOCKS
 from tests.agents import agent
 from tests.support import wait_until
@@ -14,76 +12,6 @@ from tests.support import wait_until
 
 def queued(client) -> int:
     return sum(map(len, client.backend.list_queues(LOCKS).values()))
-
-
-def test_readers_overlap(client):
-    rw = RWLock(client, "index", ttl=5)
-    readers = [rw.read() for _ in range(3)]
-    for r in readers:
-        assert r.acquire(timeout=5)
-    assert all(r.held for r in readers)
-    assert len(readers[0].holders()) == 3
-    for r in readers:
-        r.release()
-
-
-def test_writer_excludes_readers_and_writers(client):
-    rw = RWLock(client, "index", ttl=5)
-    with rw.write() as writer:
-        assert writer.held
-        assert not rw.read().acquire(timeout=0.2)
-        assert not rw.write().acquire(timeout=0.2)
-        assert not Mutex(client, "index", ttl=5).acquire(blocking=False)  # a Mutex is the write side
-    with rw.read():
-        assert not rw.write().acquire(timeout=0.2)
-        assert rw.read().acquire(blocking=False)
-
-
-def test_reader_after_a_queued_writer_waits_for_it(client):
-    rw = RWLock(client, "fair", ttl=5)
-    first_reader = rw.read()
-    first_reader.acquire()
-    order: list[str] = []
-    writer, late_reader = rw.write(), rw.read()
-
-    def run(lock, label):
-        with lock:
-            order.append(label)
-
-    tw = threading.Thread(target=run, args=(writer, "writer"))
-    tw.start()
-    wait_until(lambda: queued(client) == 2, 10)
-    tr = threading.Thread(target=run, args=(late_reader, "late reader"))
-    tr.start()
-    wait_until(lambda: queued(client) == 3, 10)
-    assert not late_reader.held  # readers hold now, but this one must not leapfrog the writer
-    first_reader.release()
-    tw.join(20)
-    tr.join(20)
-    assert order == ["writer", "late reader"]
-
-
-def test_readers_behind_a_writer_proceed_together(client):
-    rw = RWLock(client, "batch", ttl=5)
-    writer = rw.write()
-    writer.acquire()
-    readers = [rw.read() for _ in range(3)]
-    all_in = threading.Barrier(3, timeout=20)
-    results = []
-
-    def read(lock):
-        with lock:
-            all_in.wait()  # fails unless all three hold at once
-            results.append(lock.token)
-
-    threads = [threading.Thread(target=read, args=(r,)) for r in readers]
-    for t in threads:
-        t.start()
-    wait_until(lambda: queued(client) == 4, 10)
-    writer.release()
-    for t in threads:
-        t.join(30)
-    assert len(results) == 3
 
 
 def test_killed_queued_writer_leaves_the_queue_within_ttl(etcd_url, client):

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from celery_etcdlock import LimitMismatch, Semaphore
-from celery_etcdlock.keys import SEMAPHORES
+from celery_etcdlock import Semaphore
 from tests.procs import Proc
-from tests.support import wait_until
 
 # A process that takes a slot in a loop and counts, in a shared file under flock, how many are inside.
 INSIDE = """
@@ -60,78 +57,6 @@ def test_at_most_limit_processes_inside_and_the_limit_is_reached(etcd_url: str, 
     assert seen["most"] <= limit, f"{seen['most']} processes were inside a semaphore of {limit}"
     assert seen["most"] == limit, "the limit was never reached: the semaphore let fewer in than it may"
     assert len(seen["tokens"]) == procs * rounds and len(set(seen["tokens"])) == procs * rounds  # one token each
-
-
-def test_holders_tokens_and_a_free_slot(client) -> None:
-    slots = [Semaphore(client, "s", limit=3, ttl=5) for _ in range(4)]
-    for slot in slots[:3]:
-        assert slot.acquire(blocking=False)
-    tokens = [slot.token for slot in slots[:3]]
-    assert tokens == sorted(tokens) and len(set(tokens)) == 3
-    assert not slots[3].acquire(blocking=False)
-    assert slots[3].conflict is not None and [h["token"] for h in slots[3].conflict.described()] == tokens
-    assert [h["token"] for h in slots[0].holders()] == tokens
-    slots[1].release()  # the middle one: a slot is free although the oldest holder stays
-    assert slots[3].acquire(blocking=False)
-    assert slots[3].token > max(tokens)
-    for slot in (slots[0], slots[2], slots[3]):
-        slot.release()
-    assert client.backend.list_queues(SEMAPHORES) == {}
-
-
-def test_a_waiter_takes_the_slot_of_whichever_holder_leaves_first(client) -> None:
-    """Holders leave in any order: a waiter must not sleep on a long holder while a short one's slot is free."""
-    long, short = Semaphore(client, "w", limit=2, ttl=5), Semaphore(client, "w", limit=2, ttl=5)
-    assert long.acquire(timeout=5) and short.acquire(timeout=5)
-    waiter = Semaphore(client, "w", limit=2, ttl=5)
-    taken = threading.Event()
-    thread = threading.Thread(target=lambda: waiter.acquire(timeout=30) and taken.set())
-    thread.start()
-    wait_until(lambda: len(client.backend.read_queue(f"{SEMAPHORES}/w").entries) == 3, 10, "the waiter to queue")
-    short.release()
-    assert taken.wait(10), "the waiter slept while a slot was free"
-    assert long.held and waiter.held
-    thread.join(10)
-    long.release()
-    waiter.release()
-
-
-def test_waiters_are_served_in_arrival_order(client) -> None:
-    """Each release lets in the longest waiting request, and only it."""
-    holders = [Semaphore(client, "fifo", limit=2, ttl=5) for _ in range(2)]
-    for holder in holders:
-        assert holder.acquire(timeout=5)
-    waiters = [Semaphore(client, "fifo", limit=2, ttl=5) for _ in range(4)]
-    took = [threading.Event() for _ in waiters]
-    threads = []
-    for i, waiter in enumerate(waiters):
-        thread = threading.Thread(target=lambda w=waiter, e=took[i]: w.acquire(timeout=60) and e.set())
-        thread.start()
-        threads.append(thread)
-        wait_until(lambda n=i: len(client.backend.read_queue(f"{SEMAPHORES}/fifo").entries) == 3 + n, 10, "queue")
-    leaving = [*holders, *waiters]
-    for i in range(len(waiters)):
-        leaving[i].release()  # frees one slot: the i-th waiter, and no later one, takes it
-        assert took[i].wait(10), f"waiter {i} was not let in"
-        assert not any(event.is_set() for event in took[i + 1 :]), f"a waiter behind {i} overtook it"
-    for thread in threads:
-        thread.join(10)
-    for waiter in waiters[-2:]:
-        waiter.release()
-
-
-def test_a_different_limit_is_refused_naming_both(client) -> None:
-    three = Semaphore(client, "limited", limit=3, ttl=5)
-    assert three.acquire(timeout=5)
-    four = Semaphore(client, "limited", limit=4, ttl=5)
-    for attempt in (lambda: four.acquire(blocking=False), lambda: four.acquire(timeout=5)):
-        with pytest.raises(LimitMismatch, match="has limit 3 .*not 4") as raised:
-            attempt()
-        assert isinstance(raised.value, ValueError) and (raised.value.limit, raised.value.asked) == (3, 4)
-    assert [len(e) for e in client.backend.list_queues(SEMAPHORES).values()] == [1]  # the refused left nothing
-    three.release()
-    assert four.acquire(blocking=False)  # once the old participants are gone, the new limit holds
-    four.release()
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1.5, "3", True])

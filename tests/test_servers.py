@@ -56,30 +56,30 @@ def v3_get(server: EtcdServer, key: str, token: str | None = None) -> str | None
 # -- etcd --------------------------------------------------------------------------------------
 
 
-def test_v2_server_reads_and_writes_through_python_etcd(etcd_server: EtcdServer) -> None:
-    assert etcd_server.version == "3.4" and etcd_server.enable_v2
-    c = etcd.Client(host="127.0.0.1", port=etcd_server.client_port)
+def test_v2_server_reads_and_writes_through_python_etcd(etcd34_server: EtcdServer) -> None:
+    assert etcd34_server.version == "3.4" and etcd34_server.enable_v2
+    c = etcd.Client(host="127.0.0.1", port=etcd34_server.client_port)
     c.write("/smoke/v2", "hello")
     assert c.read("/smoke/v2").value == "hello"
-    assert etcd_server.url(prefix="/p") == f"etcd://127.0.0.1:{etcd_server.client_port}?prefix=/p"
+    assert etcd34_server.url(prefix="/p") == f"etcd://127.0.0.1:{etcd34_server.client_port}?prefix=/p"
 
 
-def test_v3_only_server_has_no_v2_api(etcd3_server: EtcdServer) -> None:
-    assert etcd3_server.version == "3.5" and not etcd3_server.enable_v2
-    status, _ = etcd3_server.http("GET", "/v2/keys/")
+def test_v3_only_server_has_no_v2_api(etcd35_server: EtcdServer) -> None:
+    assert etcd35_server.version == "3.5" and not etcd35_server.enable_v2
+    status, _ = etcd35_server.http("GET", "/v2/keys/")
     assert status == 404
-    assert v3_put(etcd3_server, "/smoke/v3", "there") == 200
-    assert v3_get(etcd3_server, "/smoke/v3") == "there"
-    assert etcd3_server.url() == f"etcd3://127.0.0.1:{etcd3_server.client_port}"
+    assert v3_put(etcd35_server, "/smoke/v3", "there") == 200
+    assert v3_get(etcd35_server, "/smoke/v3") == "there"
+    assert etcd35_server.url() == f"etcd3://127.0.0.1:{etcd35_server.client_port}"
 
 
-def test_proposals_committed_counts_writes(etcd3_server: EtcdServer) -> None:
-    before = etcd3_server.proposals_committed()
+def test_proposals_committed_counts_writes(etcd35_server: EtcdServer) -> None:
+    before = etcd35_server.proposals_committed()
     for i in range(5):
-        assert v3_put(etcd3_server, f"/smoke/count/{i}", "x") == 200
+        assert v3_put(etcd35_server, f"/smoke/count/{i}", "x") == 200
     # A gauge set as raft reports commits: it may trail the last answered write by a moment.
-    wait_until(lambda: etcd3_server.proposals_committed() >= before + 5, 10, "5 more proposals committed")
-    assert "etcd_server_has_leader 1" in etcd3_server.metrics()
+    wait_until(lambda: etcd35_server.proposals_committed() >= before + 5, 10, "5 more proposals committed")
+    assert "etcd_server_has_leader 1" in etcd35_server.metrics()
 
 
 def test_v2_tls_and_auth_answer_only_with_credentials(etcd_server_factory) -> None:

@@ -1,9 +1,9 @@
 """Singleton and read-write locked tasks, in-process: options, keys, conflicts, loss, dedupe.
 
 Fast tests against a real etcd (both APIs) and a real Redis, with tasks
-called directly or run by an embedded worker (``celery.contrib.testing``'s
-``start_worker``, the engine of the ``celery_worker`` pytest fixture) on the
-threads and solo pools. The real prefork worker is in test_tasks_worker.py.
+called directly or run by Celery's own in-process worker (the ``celery_worker``
+fixture of ``celery.contrib.pytest``, on this module's app) on the threads and
+solo pools. The real prefork worker is in test_tasks_worker.py.
 """
 
 from __future__ import annotations
@@ -142,9 +142,19 @@ def broker() -> Iterator[str]:
 
 
 @pytest.fixture
-def threads_worker(broker: str, etcd: Any) -> Iterator[Any]:
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=True, shutdown_timeout=30) as worker:
-        yield worker
+def celery_app(broker: str) -> celery.Celery:
+    """What celery.contrib.pytest's ``celery_worker`` runs: this module's app, whose tasks are declared at import."""
+    return app
+
+
+@pytest.fixture
+def celery_worker_pool() -> str:
+    return "threads"
+
+
+@pytest.fixture
+def celery_worker_parameters() -> dict[str, Any]:
+    return {"concurrency": 4, "shutdown_timeout": 30}
 
 
 # -- decorators and options ---------------------------------------------------------------------
@@ -365,7 +375,7 @@ def test_rwlock_task_readers_share_writer_excluded(etcd: Any) -> None:
 # -- through an embedded worker --------------------------------------------------------------------
 
 
-def test_threads_pool_concurrent_submissions_one_runs(threads_worker: Any) -> None:
+def test_threads_pool_concurrent_submissions_one_runs(celery_worker: Any) -> None:
     tag = uuid.uuid4().hex
     handles = [gated.delay(tag) for _ in range(5)]
     # while the first run waits at the gate, the four others are skipped
@@ -379,9 +389,9 @@ def test_threads_pool_concurrent_submissions_one_runs(threads_worker: Any) -> No
     assert len([c for c in calls if c.get("tag") == tag]) == 1
 
 
-def test_solo_pool(broker: str, etcd: Any) -> None:
-    with start_worker(app, pool="solo", perform_ping_check=True, shutdown_timeout=30):
-        assert sync_customer.delay(5).get(timeout=30) == "ran"
+@pytest.mark.parametrize("celery_worker_pool", ["solo"])
+def test_solo_pool(etcd: Any, celery_worker: Any) -> None:
+    assert sync_customer.delay(5).get(timeout=30) == "ran"
     assert calls[-1]["customer_id"] == 5 and calls[-1]["id"] is not None
 
 
@@ -553,7 +563,8 @@ def test_an_unreachable_url_is_named_in_a_task_error_without_its_password() -> N
     assert "s3cret" not in str(raised.value)
 
 
-def test_celery_settings_dumps_mask_the_etcd_password(broker: str, etcd: Any) -> None:
+@pytest.mark.parametrize("celery_worker_pool", ["solo"])
+def test_celery_settings_dumps_mask_the_etcd_password(etcd: Any, celery_worker: Any) -> None:
     """What `celery report` prints and `celery inspect conf` answers never carries the etcd password."""
     import celery_etcdlock.settings  # noqa: F401  (installs the masking, as any use of the package does)
 
@@ -565,8 +576,7 @@ def test_celery_settings_dumps_mask_the_etcd_password(broker: str, etcd: Any) ->
     previous = app.conf.etcdlock_url
     app.conf.etcdlock_url = previous.replace("://", "://app:w0rd@", 1)
     try:
-        with start_worker(app, pool="solo", perform_ping_check=True, shutdown_timeout=30):
-            answers = app.control.inspect(timeout=10).conf()
+        answers = app.control.inspect(timeout=10).conf()
         assert answers, "no worker answered inspect conf"
         shown = json.dumps(answers)
         assert "etcdlock_url" in shown and "w0rd" not in shown and "app:***@" in shown
@@ -591,7 +601,8 @@ def test_an_expired_message_never_stalls_the_consumer_while_etcd_is_down(broker:
         doomed = deduped.apply_async(("stall",), expires=0.2)  # its marker is in etcd now
         own_etcd.stop()
         wait_until(lambda: time.time() > expires_at + 0.1, 5, "the message to expire unconsumed")
-        # the consumer meets the expired message first; forgetting its marker would wait 120 s for etcd
+        # the consumer meets the expired message first; forgetting its marker would wait 120 s for etcd.
+        # (start_worker is what the celery_worker fixture runs, started here: after the message expired)
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=True, shutdown_timeout=30):
             assert echo.delay("through").get(timeout=20) == "through"
         assert doomed.state == "REVOKED"
@@ -618,7 +629,7 @@ def limited(self: Any, pool: str) -> int:
             inside["now"] -= 1
 
 
-def test_limited_task_runs_at_most_limit_at_once_and_all_of_them(threads_worker: Any) -> None:
+def test_limited_task_runs_at_most_limit_at_once_and_all_of_them(celery_worker: Any) -> None:
     from tests.support import wait_until
 
     inside.update(now=0, most=0)
@@ -647,7 +658,7 @@ def rescheduled(self: Any, n: int) -> dict[str, Any]:
     return {"retries": self.request.retries, "rescheduled": (self.request.get("etcdlock_rescheduled") or {})}
 
 
-def test_reschedule_requeues_without_counting_a_retry(threads_worker: Any, etcd: Any) -> None:
+def test_reschedule_requeues_without_counting_a_retry(celery_worker: Any, etcd: Any) -> None:
     from tests.support import wait_until
 
     holder = Mutex(etcd, rescheduled.lock_name_for((1,)), ttl=5)
@@ -676,8 +687,88 @@ def give_up(n: int) -> str:
     return "ran"
 
 
-def test_reschedule_gives_up_after_reschedule_for(threads_worker: Any, etcd: Any) -> None:
+def test_reschedule_gives_up_after_reschedule_for(celery_worker: Any, etcd: Any) -> None:
     with Mutex(etcd, give_up.lock_name_for((1,)), ttl=5):
         handle = give_up.delay(1)
         with pytest.raises(TaskLocked, match="gave up after being rescheduled"):
             handle.get(timeout=30, propagate=True)
+
+
+# -- signals and events ------------------------------------------------------------------------------
+
+
+def test_lock_and_leader_signals_carry_what_they_document(etcd: Any) -> None:
+    from celery_etcdlock import Election, signals
+    from celery_etcdlock.cli import force_release
+    from tests.support import wait_until
+
+    seen: dict[str, list[dict[str, Any]]] = {name: [] for name in
+                                             ("lock_acquired", "lock_released", "lock_lost", "leader_elected",
+                                              "leader_deposed")}  # fmt: skip
+    receivers = {name: (lambda sender, _n=name, **kw: seen[_n].append({"sender": sender, **kw})) for name in seen}
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver)
+    try:
+        lock = Mutex(etcd, "signalled", ttl=3, data={"task_id": "t-9"})
+        assert lock.acquire(timeout=5)
+        lock.release()
+        assert lock.acquire(timeout=5)
+        force_release(etcd, "signalled")
+        wait_until(lambda: seen["lock_lost"], 10, "lock_lost")
+        lock.release()
+        election = Election(etcd, "signalled", identity="me", ttl=3)
+        assert election.campaign(timeout=5)
+        election.resign()
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver)
+    acquired, released, lost = seen["lock_acquired"][0], seen["lock_released"][0], seen["lock_lost"][0]
+    assert acquired["sender"] == acquired["name"] == "signalled" and acquired["kind"] == "mutex"
+    assert acquired["task_id"] == "t-9" and acquired["holder"] == lock.holder and acquired["waited"] >= 0
+    assert released["token"] == acquired["token"] and released["held"] >= 0
+    assert lost["cause"] == "deleted" and lost["token"] > acquired["token"]
+    elected = {k: v for k, v in seen["leader_elected"][0].items() if k != "signal"}
+    assert elected == {"sender": "signalled", "name": "signalled", "identity": "me", "token": elected["token"]}
+    assert seen["leader_deposed"][0]["cause"] is None  # it resigned
+
+
+@pytest.mark.parametrize("celery_worker_parameters", [{"concurrency": 2, "shutdown_timeout": 30, "task_events": True}])
+def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: Any, celery_worker: Any) -> None:
+    from celery_etcdlock import signals
+
+    skipped: list[dict[str, Any]] = []
+    received: list[dict[str, Any]] = []
+
+    def on_skipped(sender: Any, **kwargs: Any) -> None:
+        skipped.append({"sender": sender, **kwargs})
+
+    signals.task_skipped.connect(on_skipped)
+    assert signals._events["enabled"], "the worker, started with task events on (-E), did not turn ours on"
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"*": received.append})
+            receiver.capture(limit=None, timeout=20, wakeup=False)
+
+    def probe_arrived() -> bool:  # the receiver listens once an event sent now reaches it
+        signals.send_event("test-probe")
+        return any(e["type"] == "test-probe" for e in received)
+
+    from tests.support import wait_until
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        wait_until(probe_arrived, 20, "the event receiver to listen", interval=0.1)
+        name = sync_customer.lock_name_for((77,))
+        with Mutex(etcd, name, ttl=5, data={"task_id": "holder-1", "task": "x", "hostname": "h"}):
+            handle = sync_customer.delay(77)
+            assert handle.get(timeout=30) is None
+        wait_until(lambda: [e for e in received if e["type"] == "task-skipped"], 20, "the task-skipped event")
+    finally:
+        signals.task_skipped.disconnect(on_skipped)
+        signals._events.update(enabled=False)
+    assert skipped and skipped[0]["sender"].name == sync_customer.name and skipped[0]["task_id"] == handle.id
+    assert skipped[0]["lock_name"] == name and skipped[0]["holders"][0]["data"]["task_id"] == "holder-1"
+    [event] = [e for e in received if e["type"] == "task-skipped"]
+    assert event["uuid"] == handle.id and event["name"] == sync_customer.name and event["lock"] == name
+    assert event["holders"][0]["data"]["task_id"] == "holder-1"

@@ -25,20 +25,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery_etcdlock import LockLost, Mutex, TaskLocked, connect
 from tests import taskapp
 from tests.procs import Proc
-from tests.support import RedisServer
+from tests.support import RedisServer, wait_until
 
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Worker:
@@ -87,7 +77,7 @@ def redis_for_workers() -> Iterator[str]:
 def worker(request: pytest.FixtureRequest, redis_for_workers: str) -> Iterator[Worker]:
     """A prefork worker on the v2 API (etcd 3.4) or the v3 API (etcd 3.5)."""
     api = request.param
-    server = request.getfixturevalue("etcd_server" if api == "v2" else "etcd3_server")
+    server = request.getfixturevalue("etcd34_server" if api == "v2" else "etcd35_server")
     etcd_url = server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
     taskapp.configure(etcd_url, redis_for_workers)
     started = Worker(etcd_url, redis_for_workers)
@@ -112,7 +102,8 @@ def max_concurrency(tag: str) -> int:
 
 
 def started(tag: str, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
-    return list(wait_for(lambda: len(events(tag, "start")) >= count and events(tag, "start"), timeout, f"{count} runs"))
+    runs = wait_until(lambda: len(events(tag, "start")) >= count and events(tag, "start"), timeout, f"{count} runs")
+    return list(runs)
 
 
 def results(handles: list[Any]) -> list[Any]:
@@ -145,7 +136,7 @@ def test_duplicate_delivery_of_a_running_task_does_not_run_twice(worker: Worker,
     started(tag)
     taskapp.skip_task.apply_async((tag, 1.5), task_id=task_id)
     assert first.get(timeout=RESULT_TIMEOUT) == 1.5
-    wait_for(lambda: "duplicate delivery" in worker.text(), 30, "the duplicate to be dropped")
+    wait_until(lambda: "duplicate delivery" in worker.text(), 30, "the duplicate to be dropped")
     assert len(events(tag, "start")) == 1
     assert first.get(timeout=RESULT_TIMEOUT) == 1.5  # the duplicate stored nothing over the result
 
@@ -314,7 +305,7 @@ def test_sigkilled_worker_frees_the_lock_within_ttl(worker: Worker, tag: str) ->
     assert worker.holders(name)
     os.kill(start["pid"], signal.SIGKILL)
     killed = time.monotonic()
-    wait_for(lambda: worker.holders(name) == [], taskapp.SHORT_TTL + 10, "the dead worker's lock to expire")
+    wait_until(lambda: worker.holders(name) == [], taskapp.SHORT_TTL + 10, "the dead worker's lock to expire")
     assert time.monotonic() - killed <= taskapp.SHORT_TTL + 1
     assert handle.get(timeout=RESULT_TIMEOUT, propagate=False) is not None  # WorkerLostError
     assert taskapp.fragile_task.delay(tag, 0.1).get(timeout=RESULT_TIMEOUT) == 0.1
@@ -327,7 +318,7 @@ def test_stopped_past_ttl_loses_lock_is_reported_and_next_run_not_blocked(worker
     try:
         successor = taskapp.fragile_task.delay(tag, 0.5)
         # runs on the other pool child once the stopped holder's entry expires
-        wait_for(lambda: len(events(tag, "start")) == 2, 30, "the next run to start")
+        wait_until(lambda: len(events(tag, "start")) == 2, 30, "the next run to start")
         assert not events(tag, "end")
     finally:
         os.kill(start["pid"], signal.SIGCONT)
@@ -336,7 +327,7 @@ def test_stopped_past_ttl_loses_lock_is_reported_and_next_run_not_blocked(worker
         stopped.get(timeout=RESULT_TIMEOUT)
     ends = {e["task_id"]: e for e in events(tag, "end")}
     assert ends[stopped.id]["held"] is False
-    wait_for(lambda: re.search(rf"\[{stopped.id}\].*lost its lock", worker.text()), 10, "the loss in the log")
+    wait_until(lambda: re.search(rf"\[{stopped.id}\].*lost its lock", worker.text()), 10, "the loss in the log")
     assert taskapp.fragile_task.delay(tag, 0.1).get(timeout=RESULT_TIMEOUT) == 0.1
 
 
@@ -347,7 +338,7 @@ def test_revoke_with_terminate_releases_at_once(worker: Worker, tag: str) -> Non
     assert worker.holders(name)
     taskapp.app.control.revoke(handle.id, terminate=True)
     # well before its 60 s TTL: SIGTERM exits the child through the task's finally
-    wait_for(lambda: worker.holders(name) == [], 20, "the terminated task's lock to be released")
+    wait_until(lambda: worker.holders(name) == [], 20, "the terminated task's lock to be released")
     assert handle.get(timeout=RESULT_TIMEOUT, propagate=False) is not None
     assert handle.state == "REVOKED"
 

@@ -32,13 +32,9 @@ policy: it either succeeds, returns its documented "no" answer, or raises
 from __future__ import annotations
 
 import abc
-import contextlib
 import enum
 import json
 import math
-import socket
-import threading
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -131,9 +127,13 @@ def server_ttl(ttl: float) -> int:
     return max(1, math.floor(ttl - EXPIRY_LAG))
 
 
+# sort_keys: the same document always has the same text, which v2 compares. One encoder for every call:
+# json.dumps with options builds a new one each time, which cost more than the encoding of a queue entry.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def encode_json(value: dict[str, Any]) -> str:
-    # sort_keys: the same document always has the same text, which v2 compares
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def decode_json(text: str | bytes | None) -> dict[str, Any]:
@@ -164,52 +164,6 @@ def peer_port_error(endpoint: str, status: int, members: bytes) -> UnsupportedSe
     client_urls = [str(url) for m in found for url in m.get("clientURLs") or ()]
     hint = f" (the members' client URLs: {', '.join(client_urls)})" if client_urls else ""
     return UnsupportedServer(f"{endpoint} is etcd's peer port; use the client port, usually 2379{hint}")
-
-
-class OpenWatches:
-    """The watches a client has open on each endpoint, so that leaving an endpoint ends them there at once.
-
-    A watch on a member cut off from the others, or frozen, never fires: it would wait for its
-    own timeout (twice the TTL) after the client's other requests, its renewals, had moved to a
-    healthy member, and a waiter at the head of a queue would hold up everyone behind it. Ending
-    the watch makes its read fail at once; the backend's retry policy watches again, on the
-    endpoint the client uses now, from the same revision, so no event is missed.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[int, tuple[int, Any]] = {}  # id(response) -> (endpoint index, urllib3 response)
-
-    @contextlib.contextmanager
-    def watching(self, index: int, response: Any, current: Callable[[], int]) -> Iterator[None]:
-        """Track ``response``, a watch's answer being read from endpoint ``index``, while the block runs.
-
-        ``current()`` is the endpoint the client uses now: if it already moved on, the watch ends at once.
-        """
-        with self._lock:
-            self._open[id(response)] = (index, response)
-        try:
-            if current() != index:  # after registering: a move from now on finds it, one before is seen here
-                _end(response)
-            yield
-        finally:
-            with self._lock:
-                self._open.pop(id(response), None)
-
-    def leave(self, index: int) -> None:
-        """End every watch open on endpoint ``index``: the client moved to another endpoint."""
-        with self._lock:
-            responses = [response for at, response in self._open.values() if at == index]
-        for response in responses:
-            _end(response)
-
-
-def _end(response: Any) -> None:
-    """Shut the socket a response is read from: a read blocked on it fails at once, from any thread."""
-    sock = getattr(getattr(response, "connection", None), "sock", None)
-    if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 class Backend(abc.ABC):
@@ -344,6 +298,17 @@ class Backend(abc.ABC):
         """Delete ``key`` (only if unchanged since ``expect``, when given). False if it was not."""
 
     # -- process life -------------------------------------------------------
+
+    def native_twin(self) -> Backend:
+        """A backend for a native OS thread of a gevent process (a session's renewer), with connections of its own.
+
+        Under gevent, this backend's sockets, TLS and locks wait on the hub of the thread that
+        uses them, which a task that does not yield starves. The twin makes the same requests
+        on unpatched sockets, with OS locks (see ``green.py`` and ``backends/native.py``); it
+        shares nothing with this backend. A backend that makes no network requests may
+        return itself.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot renew from a native thread under gevent")
 
     @abc.abstractmethod
     def after_fork(self) -> None:

@@ -1,4 +1,4 @@
-"""The etcd v2 keys API, through python-etcd (``etcd://`` and ``etcds://``).
+"""The etcd v2 keys API (``etcd://`` and ``etcds://``).
 
 A queue is a directory; an entry is an in-order key created by POST, whose
 name is its zero-padded ``createdIndex`` (so name order is creation order)
@@ -9,19 +9,18 @@ the owner check: renewals (``refresh=true``) and deletes carry it as
 v2 has no leases: a lease here is the group of keys one renewal round
 refreshes, each with its own TTL (whole seconds, rounded up).
 
-python-etcd sets up HTTP, TLS and auth, one client per endpoint, without
-its own fail-over (which contacts the server in its constructor); fail-over
-between endpoints is ours, driven by the retry policy. Requests go straight
-to the urllib3 connection pool of that client, and its answers are checked
-and decoded here as python-etcd's ``api_execute`` would (same cluster-ID
-check, same error payloads): its request path parses the URL, looks the
-pool up and wraps the call again on every request, which cost a waiting
-process more CPU than the rest of its work on a handoff. python-etcd's own
-error logs are silenced: we log every retry.
+Requests go to one connection pool per endpoint (``transport.py``: kept-alive
+HTTP/1.1, TLS from the URL, basic auth in a header), and fail-over between
+endpoints is ours, driven by the retry policy. Answers are checked and
+decoded here as python-etcd's ``api_execute`` does (same cluster-ID check,
+same error payloads), without its per-request URL parsing, pool lookup and
+wrapping, and urllib3's work under it: that cost a waiting process more CPU
+than the rest of its work on a handoff.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import logging
@@ -29,22 +28,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from http.client import HTTPException
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-import etcd
-import urllib3
-from urllib3.exceptions import HTTPError, ReadTimeoutError
-
-from .. import retry
+from .. import green, retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
+from . import transport
 from .base import (
     Backend,
     Entry,
     Lease,
-    OpenWatches,
     Record,
     Snapshot,
     WaitResult,
@@ -53,6 +47,7 @@ from .base import (
     peer_port_error,
     server_ttl,
 )
+from .transport import Pool
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,14 +61,6 @@ _INVALID_FORM = 210  # "Invalid POST form": what a form over net/http's 10 MB ge
 # one (a long key: v2 puts it in the URL) gets its connection reset, no answer. (Behind TLS the limit is net/http's
 # 1 MB of headers: HTTP 431.)
 _MAX_REQUEST_LINE = 4096
-
-
-class _SilencePythonEtcd(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.CRITICAL
-
-
-logging.getLogger("etcd.client").addFilter(_SilencePythonEtcd())
 
 
 class _Failure(Exception):
@@ -110,57 +97,35 @@ class Etcd2Backend(Backend):
     entries_have_own_ttl = True  # no leases: each key has its TTL and is refreshed on its own
     queues_outlive_entries = True  # queues are directories: the renewer removes the unused ones
 
-    def __init__(self, options: ConnectionOptions) -> None:
+    def __init__(self, options: ConnectionOptions, *, native: bool = False) -> None:
         self.options = options
         self.prefix = options.prefix
         self.endpoints = options.endpoint_urls
+        self.native = native  # a native_twin: connections of its own on unpatched sockets, OS locks
         self._current = 0
-        self._local = threading.Lock()
-        self._clients: list[etcd.Client | None] = [None] * len(self.endpoints)
-        self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
+        self._new_lock = green.native_lock if native else threading.Lock
+        self._local = self._new_lock()
+        self._pools: list[Pool | None] = [None] * len(self.endpoints)
         self._cluster_ids: list[str | None] = [None] * len(self.endpoints)
-        self._watches = OpenWatches()  # ended when the client moves to another endpoint
-        self._keys_path = "/v2/keys"  # python-etcd's key_endpoint with its default version prefix
-        self._headers: dict[str, str] = (
-            urllib3.make_headers(basic_auth=f"{options.username}:{options.password}")
-            if options.username and options.password
-            else {}
-        )
+        self._watches = transport.OpenWatches()  # ended when the client moves to another endpoint
+        self._keys_path = "/v2/keys"
+        self._headers: dict[str, str] = {}
+        if options.username and options.password:
+            credentials = base64.b64encode(f"{options.username}:{options.password}".encode()).decode("ascii")
+            self._headers["Authorization"] = f"Basic {credentials}"
         self._form_headers = {**self._headers, "Content-Type": "application/x-www-form-urlencoded"}
+
+    def native_twin(self) -> Etcd2Backend:
+        return Etcd2Backend(self.options, native=True)
 
     # -- HTTP ---------------------------------------------------------------
 
-    def _pool(self, index: int) -> urllib3.HTTPConnectionPool:
-        """The connection pool of endpoint ``index`` (lock held): python-etcd's, looked up once."""
+    def _pool(self, index: int) -> Pool:
+        """The connection pool of endpoint ``index`` (lock held), made on first use."""
         pool = self._pools[index]
         if pool is None:
-            client = self._client(index)
-            pool = self._pools[index] = client.http.connection_from_url(client.base_uri)
+            pool = self._pools[index] = transport.endpoint_pool(self.options, index, native_sockets=self.native)
         return pool
-
-    def _client(self, index: int) -> etcd.Client:
-        client = self._clients[index]
-        if client is None:
-            host, port = self.options.endpoints[index]
-            opts = self.options
-            cert: Any = (opts.cert, opts.key) if opts.cert and opts.key else opts.cert
-            client = etcd.Client(
-                host=host,
-                port=port,
-                protocol="https" if opts.tls else "http",
-                read_timeout=opts.timeout,
-                allow_reconnect=False,
-                username=opts.username,
-                password=opts.password,
-                cert=cert,
-                ca_cert=opts.ca,
-                per_host_pool_size=32,
-            )
-            # urllib3 would retry on its own (re-sending a POST, and hiding the endpoint's failure):
-            # the retry policy decides instead, and can switch endpoints
-            client.http.connection_pool_kw["retries"] = False
-            self._clients[index] = client
-        return client
 
     def _path(self, key: str) -> str:
         return f"{self.prefix}/{key}" if key else self.prefix
@@ -173,58 +138,50 @@ class Etcd2Backend(Backend):
     ) -> tuple[dict[str, Any], int]:
         """One HTTP request to the current endpoint: (decoded body, X-Etcd-Index).
 
-        What python-etcd's ``api_execute`` did, without its per-request URL parsing and
-        pool lookup: GET and DELETE carry ``params`` in the query, PUT and POST as a form.
+        As python-etcd's ``api_execute``: GET and DELETE carry ``params`` in the query,
+        PUT and POST as a form.
         """
         with self._local:
             index = self._current
             pool = self._pool(index)
         endpoint = self.endpoints[index]
         url = f"{self._keys_path}{self._path(key)}"
-        body: str | None = None
+        body = b""
         headers = self._headers
         if method in ("PUT", "POST"):
             if params:
-                body, headers = urlencode(params), self._form_headers
+                body, headers = urlencode(params).encode("ascii"), self._form_headers
         elif params:
             url = f"{url}?{urlencode(params)}"
         if not self.options.tls and len(method) + len(url.encode()) + len(" HTTP/1.1\r\n") + 1 > _MAX_REQUEST_LINE:
             raise _too_large(endpoint, f"its URL is {len(url)} characters long, over the 4 KB etcd reads")
         try:
-            response = pool.urlopen(
-                method,
-                url,
-                body=body,
-                headers=headers,
-                timeout=timeout or self.options.timeout,
-                retries=False,
-                redirect=False,
-                assert_same_host=False,
-                preload_content=False,
-            )
-            self._check_cluster_id(index, endpoint, response.headers.get("X-Etcd-Cluster-Id"))
-            if params.get("wait") == "true":  # a watch: etcd sends the headers at once, the body on the event
-                with self._watches.watching(index, response, lambda: self._current):
-                    data = response.data
-            else:
-                data = response.data  # read here: an I/O error while reading is a failed request too
-        except (HTTPError, HTTPException, OSError) as exc:
-            if params.get("wait") == "true" and isinstance(exc, ReadTimeoutError):
+            watch = params.get("wait") == "true"
+            response = pool.request(method, url, body, headers, timeout or self.options.timeout, stream=watch)
+            if watch:  # etcd sends the headers at once, the body on the event: leaving the endpoint ends it
+                try:
+                    with self._watches.watching(index, response, lambda: self._current):
+                        response.read()
+                finally:
+                    response.close()
+        except OSError as exc:
+            if params.get("wait") == "true" and isinstance(exc, transport.ReadTimeout):
                 raise _WatchTimedOut() from None
             self._rotate(index)
             raise retry.Transient(endpoint, f"Connection to etcd failed due to {exc!r}") from None
+        self._check_cluster_id(index, endpoint, response.headers.get("x-etcd-cluster-id"))
         if response.status not in (200, 201):
-            error = self._error(endpoint, response.status, data)
+            error = self._error(endpoint, response.status, response.body)
             if isinstance(error, retry.Transient):
                 # no leader, or a write it could not commit in time (a member cut off from the others
                 # answers so after etcd's own request timeout): another member may serve it
                 self._rotate(index)
             raise error
         try:
-            decoded = json.loads(data.decode("utf-8"))
+            decoded = json.loads(response.body.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
             raise _Failure(None, {}, f"{endpoint} sent a response that is not JSON") from None
-        return decoded, int(response.headers.get("X-Etcd-Index", 0))
+        return decoded, int(response.headers.get("x-etcd-index", 0))
 
     def _check_cluster_id(self, index: int, endpoint: str, cluster_id: str | None) -> None:
         """python-etcd's check: an endpoint whose cluster ID changes was replaced (say, from a backup)."""
@@ -233,9 +190,9 @@ class Etcd2Backend(Backend):
         expected, self._cluster_ids[index] = self._cluster_ids[index], cluster_id
         if expected and cluster_id != expected:
             with self._local:
-                client, self._pools[index] = self._clients[index], None
-            if client is not None:
-                client.http.clear()  # connect afresh next time
+                pool, self._pools[index] = self._pools[index], None
+            if pool is not None:
+                pool.close()  # connect afresh next time
             raise self._classify(endpoint, {}, f"The UUID of the cluster changed from {expected} to {cluster_id}.")
 
     def _error(self, endpoint: str, status: int, data: bytes) -> Exception:
@@ -275,10 +232,10 @@ class Etcd2Backend(Backend):
         with self._local:
             pool = self._pool(self.endpoints.index(endpoint))
         try:
-            response = pool.urlopen("GET", "/members", retries=False, redirect=False, preload_content=False)
-            return peer_port_error(endpoint, response.status, response.data)
-        except (HTTPError, HTTPException, OSError):
+            response = pool.request("GET", "/members", timeout=self.options.timeout)
+        except OSError:
             return None
+        return peer_port_error(endpoint, response.status, response.body)
 
     def _rotate(self, failed: int) -> None:
         with self._local:
@@ -524,16 +481,15 @@ class Etcd2Backend(Backend):
     # -- process life -------------------------------------------------------
 
     def after_fork(self) -> None:
-        self._local = threading.Lock()
-        self._watches = OpenWatches()  # the parent's
-        self._clients = [None] * len(self.endpoints)  # their connection pools belong to the parent
-        self._pools = [None] * len(self.endpoints)
-        self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would
+        self._local = self._new_lock()
+        self._watches = transport.OpenWatches()  # the parent's
+        self._pools = [None] * len(self.endpoints)  # the parent's sockets (and TLS state): dropped unclosed
+        self._cluster_ids = [None] * len(self.endpoints)
 
     def close(self) -> None:
-        for client in self._clients:
-            if client is not None:
-                client.http.clear()
-        self._clients = [None] * len(self.endpoints)
-        self._pools = [None] * len(self.endpoints)
-        self._cluster_ids = [None] * len(self.endpoints)  # as new python-etcd clients would
+        with self._local:
+            pools, self._pools = self._pools, [None] * len(self.endpoints)
+            self._cluster_ids = [None] * len(self.endpoints)
+        for pool in pools:
+            if pool is not None:
+                pool.close()

@@ -123,11 +123,14 @@ def _leases_of(kvs: Any) -> list[str]:
 
 
 class Etcd3Backend(Backend):
-    def __init__(self, options: ConnectionOptions) -> None:
+    def __init__(self, options: ConnectionOptions, *, native: bool = False) -> None:
         self.options = options
         self.prefix = options.prefix
         self.endpoints = options.endpoint_urls
-        self.gateway = Gateway(options)  # the HTTP transport (tests reach it here too)
+        self.gateway = Gateway(options, native=native)  # the HTTP transport (tests reach it here too)
+
+    def native_twin(self) -> Etcd3Backend:
+        return Etcd3Backend(self.options, native=True)
 
     # -- keys and requests --------------------------------------------------
 

@@ -12,11 +12,10 @@ The gateway takes each gRPC request as a JSON ``POST`` to ``<api path><method>``
 
 What it takes care of:
 
-- one urllib3 connection pool per endpoint, straight to it: no URL parsing,
-  pool lookup or environment lookup per request (no proxies, netrc or CA
-  bundle from the environment: the URL says where etcd is and whom to
-  trust; without ``?ca=`` the system's CAs). urllib3 never retries on its
-  own: the backend's retry policy decides, and can switch endpoints;
+- one connection pool per endpoint (``transport.py``: kept-alive HTTP/1.1
+  connections, TLS from the URL alone, nothing from the environment), which
+  never retries on its own: the backend's retry policy decides, and can
+  switch endpoints;
 - the API path: ``/v3/`` until a server answers otherwise, then
   ``GET /version`` decides (etcd 3.3 serves ``/v3beta/``, 3.0-3.2 ``/v3alpha/``);
 - auth: the gateway's token (``POST auth/authenticate``), sent with every
@@ -35,10 +34,10 @@ What it takes care of:
 etcd3gw's client is not used: its helpers cannot carry an auth token or a
 per-request timeout, hide the gRPC error code, discover the API path with an
 extra request in the middle of an operation, and its watch hangs for ever on
-a cancelled or compacted watch. Nor is ``requests``: preparing, sending and
-wrapping a request through a session cost more client CPU than the rest of
-the work on it, and with many processes contending on few cores, client CPU
-decides throughput.
+a cancelled or compacted watch. Nor are ``requests`` and urllib3: preparing,
+sending and wrapping a request through them cost more client CPU than the
+rest of the work on it, and with many processes contending on few cores,
+client CPU decides throughput.
 
 Nothing here waits and retries: that is the backend's retry policy. Only a
 ``post`` whose token was rejected, or that found the API path, is sent again
@@ -48,24 +47,21 @@ at once.
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import logging
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
-import urllib3
-from urllib3.exceptions import HTTPError
-from urllib3.util.retry import Retry
-
-from .. import retry
+from .. import green, retry
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
-from .base import OpenWatches, peer_port_error
+from . import transport
+from .base import peer_port_error
+from .transport import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +79,6 @@ _TOO_LARGE_MESSAGES = ("larger than max", "request is too large")
 
 _API_PATHS = ((3, 4, "/v3/"), (3, 3, "/v3beta/"), (3, 0, "/v3alpha/"))  # etcd version -> gateway path
 
-_NO_RETRIES = Retry(total=False, redirect=False)  # one instance: urllib3 would build one per request from False
 _JSON = {"Content-Type": "application/json"}
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: json.dumps with options builds one per call
 
@@ -128,18 +123,27 @@ def prefix_end(prefix: str) -> str:
 
 
 class Gateway:
-    """The v3 JSON gateway of a cluster's endpoints. Thread-safe; no I/O before the first request."""
+    """The v3 JSON gateway of a cluster's endpoints. Thread-safe; no I/O before the first request.
 
-    def __init__(self, options: ConnectionOptions) -> None:
+    ``native=True`` makes the gateway of a native thread in a gevent process (a session's
+    renewer): its connections are on the OS's own sockets (``native.py``) and its locks
+    the OS's, so that none of its requests waits on a hub.
+    """
+
+    def __init__(self, options: ConnectionOptions, *, native: bool = False) -> None:
         self.options = options
         self.endpoints = options.endpoint_urls
+        self.native = native
         self.current = 0  # the endpoint requests go to
-        self._local = threading.Lock()
-        self._pools: list[urllib3.HTTPConnectionPool | None] = [None] * len(self.endpoints)
+        self._new_lock = green.native_lock if native else threading.Lock
+        self._local = self._new_lock()
+        self._pools: list[Pool | None] = [None] * len(self.endpoints)
         self._api_paths = ["/v3/"] * len(self.endpoints)
-        self._answered = [False] * len(self.endpoints)  # has it ever answered like an etcd gateway?
-        self._watches = OpenWatches()  # ended when the client moves to another endpoint
-        self._auth_lock = threading.Lock()
+        # has it ever answered like an etcd gateway? A native gateway never probes what a server is (its probes
+        # would use gevent's sockets): the process's main gateway has talked to the server before it.
+        self._answered = [native] * len(self.endpoints)
+        self._watches = transport.OpenWatches()  # ended when the client moves to another endpoint
+        self._auth_lock = self._new_lock()
         self._token: str | None = None
         self._auth_enabled = options.username is not None
 
@@ -173,53 +177,36 @@ class Gateway:
     def _send(
         self,
         index: int,
-        pool: urllib3.HTTPConnectionPool,
+        pool: Pool,
         path: str,
         body: dict[str, Any],
         token: str | None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         try:
-            response = self._open(index, pool, path, body, token, timeout or self.options.timeout)
-            data = response.data  # read here: an I/O error while reading is a failed request too
-        except (HTTPError, http.client.HTTPException, OSError) as exc:
+            response = pool.request(
+                "POST",
+                self._api_paths[index] + path,
+                _encode(body).encode("utf-8"),
+                _headers(token),
+                timeout or self.options.timeout,
+            )
+        except OSError as exc:
             raise self._connection_failure(index, exc) from None
         if response.status == 200:
             try:
-                answer = json.loads(data)
+                answer = json.loads(response.body)
             except ValueError:
                 answer = None
             if isinstance(answer, dict):
                 self._answered[index] = True
                 return answer
-        raise self._error(index, path, response.status, data)
-
-    def _open(
-        self,
-        index: int,
-        pool: urllib3.HTTPConnectionPool,
-        path: str,
-        body: dict[str, Any] | bytes,
-        token: str | None,
-        timeout: float,
-    ) -> urllib3.BaseHTTPResponse:
-        """Send the request (``body``: an object, or JSON text already encoded); the response, its body not read yet."""
-        return pool.urlopen(
-            "POST",
-            self._api_paths[index] + path,
-            body=body if isinstance(body, bytes) else _encode(body).encode("utf-8"),
-            headers={"Content-Type": "application/json", "Authorization": token} if token else _JSON,
-            timeout=timeout,
-            retries=_NO_RETRIES,
-            redirect=False,
-            assert_same_host=False,
-            preload_content=False,
-        )
+        raise self._error(index, path, response.status, response.body)
 
     def _stream(
         self,
         index: int,
-        pool: urllib3.HTTPConnectionPool,
+        pool: Pool,
         body: bytes,
         deadline: float,
         token: str | None,
@@ -227,19 +214,23 @@ class Gateway:
         """``POST watch`` on one streaming request: each result until ``deadline``, then it ends.
 
         The gateway streams newline-delimited JSON messages. Each read waits
-        at most until the deadline (the socket's timeout is set before each
-        read), so a watch the server cancels, compacts or forgets never hangs.
+        at most until the deadline, so a watch the server cancels, compacts
+        or forgets never hangs.
         """
         endpoint = self.endpoints[index]
         try:
-            response = self._open(index, pool, "watch", body, token, self.options.timeout)
-        except (HTTPError, http.client.HTTPException, OSError) as exc:
+            path, timeout = self._api_paths[index] + "watch", self.options.timeout
+            response = pool.request("POST", path, body, _headers(token), timeout, stream=True)
+        except OSError as exc:
             raise self._connection_failure(index, exc) from None
         try:
             if response.status != 200:
-                raise self._error(index, "watch", response.status, response.data)
+                raise self._error(index, "watch", response.status, response.read())
             with self._watches.watching(index, response, lambda: self.current):  # ended if the client moves on
-                for message in _messages(response, deadline):
+                for line in response.lines(deadline):
+                    message = json.loads(line) if line.strip() else None
+                    if not isinstance(message, dict):
+                        continue
                     error = message.get("error")
                     if isinstance(error, dict):
                         code = int(error.get("grpc_code") or error.get("code") or 2)
@@ -254,42 +245,25 @@ class Gateway:
                             raise _TokenRejected(reason)  # an expired token shows up as a denial here
                         raise WatchCancelled(f"cancelled: {reason or 'no reason given'}")
                     yield result
-            if time.monotonic() < deadline:
+            if response.complete and time.monotonic() < deadline:
                 raise retry.Transient(endpoint, "the watch stream ended")
-        except (HTTPError, http.client.HTTPException, OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             if time.monotonic() < deadline - 0.001:
                 self._rotate(index)
                 raise retry.Transient(endpoint, f"watch failed: {exc}") from None
         finally:
-            # the stream is not at its end: close the connection; the pool opens another when needed
-            response.close()
-            response.release_conn()
+            response.close()  # a stream cut short: its connection is closed; the pool opens another when needed
 
     # -- endpoints ----------------------------------------------------------
 
-    def _pool(self, index: int) -> urllib3.HTTPConnectionPool:
+    def _pool(self, index: int) -> Pool:
         """The connection pool of endpoint ``index`` (lock held), made on first use."""
         pool = self._pools[index]
         if pool is None:
-            host, port = self.options.endpoints[index]
-            opts = self.options
-            common: dict[str, Any] = {"maxsize": 32, "block": False, "retries": _NO_RETRIES, "timeout": opts.timeout}
-            if opts.tls:
-                pool = urllib3.HTTPSConnectionPool(
-                    host,
-                    port,
-                    cert_reqs="CERT_REQUIRED",
-                    ca_certs=opts.ca,  # None: the system's CAs
-                    cert_file=opts.cert,
-                    key_file=opts.key,
-                    **common,
-                )
-            else:
-                pool = urllib3.HTTPConnectionPool(host, port, **common)
-            self._pools[index] = pool
+            pool = self._pools[index] = transport.endpoint_pool(self.options, index, native_sockets=self.native)
         return pool
 
-    def _pick(self) -> tuple[int, urllib3.HTTPConnectionPool]:
+    def _pick(self) -> tuple[int, Pool]:
         with self._local:
             index = self.current
             return index, self._pool(index)
@@ -357,7 +331,7 @@ class Gateway:
     def _connection_failure(self, index: int, exc: Exception) -> Exception:
         endpoint = self.endpoints[index]
         first_contact = not self._answered[index]
-        if _find_cause(exc, ssl.SSLError) is not None or isinstance(exc, urllib3.exceptions.SSLError):
+        if isinstance(exc, ssl.SSLError):
             text = str(exc)
             if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
                 return BackendError(
@@ -371,7 +345,7 @@ class Gateway:
                 )
             if first_contact and self._greeting(index).startswith(b"HTTP/"):
                 return UnsupportedServer(f"{endpoint} does not speak TLS, only plain HTTP: use etcd3:// for it")
-        elif first_contact and (_not_http(exc) or _find_cause(exc, ConnectionResetError)):
+        elif first_contact and isinstance(exc, (transport.NotHTTP, ConnectionResetError)):
             # Redis, for one, hangs up without a word on an HTTP request with a Host header.
             greeting = self._greeting(index)
             if (not greeting or greeting.startswith(b"\x15\x03")) and self._speaks_tls(index):
@@ -415,12 +389,10 @@ class Gateway:
         with self._local:
             pool = self._pool(index)
         try:
-            response = pool.urlopen(
-                "GET", path, timeout=self.options.timeout, retries=_NO_RETRIES, redirect=False, preload_content=False
-            )
-            return response.status, response.data
-        except (HTTPError, http.client.HTTPException, OSError):
+            response = pool.request("GET", path, timeout=self.options.timeout)
+        except OSError:
             return 0, b""
+        return response.status, response.body
 
     def _not_a_gateway(self, index: int, request: str, status: int, text: str) -> Exception:
         """An HTTP answer that is not the v3 gateway's: find out what the server is, for the message."""
@@ -464,7 +436,7 @@ class Gateway:
     def _auth_message(self, index: int, what: str) -> str:
         return f"etcd at {self.endpoints[index]}: user {self.options.username!r} {what}"
 
-    def _auth_token(self, index: int, pool: urllib3.HTTPConnectionPool) -> str | None:
+    def _auth_token(self, index: int, pool: Pool) -> str | None:
         if not self._auth_enabled:
             return None
         with self._auth_lock:
@@ -472,7 +444,7 @@ class Gateway:
                 self._authenticate(index, pool)
             return self._token
 
-    def _authenticate(self, index: int, pool: urllib3.HTTPConnectionPool) -> None:
+    def _authenticate(self, index: int, pool: Pool) -> None:
         body = {"name": self.options.username, "password": self.options.password or ""}
         try:
             answer = self._send(index, pool, "auth/authenticate", body, token=None)
@@ -501,10 +473,10 @@ class Gateway:
 
     def after_fork(self) -> None:
         # The parent's pools hold its sockets (and TLS state): drop them unclosed.
-        self._local = threading.Lock()
-        self._auth_lock = threading.Lock()
+        self._local = self._new_lock()
+        self._auth_lock = self._new_lock()
         self._pools = [None] * len(self.endpoints)
-        self._watches = OpenWatches()  # the parent's
+        self._watches = transport.OpenWatches()  # the parent's
 
     def close(self) -> None:
         with self._local:
@@ -556,53 +528,5 @@ class Watch:
             raise retry.Transient(gateway.endpoints[index], "auth token rejected; authenticating again") from None
 
 
-def _find_cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """The first ``kind`` in ``exc``'s args, causes and contexts (urllib3 nests the socket's errors)."""
-    seen: set[int] = set()
-    todo: list[BaseException] = [exc]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, kind):
-            return current
-        todo.extend(a for a in current.args if isinstance(a, BaseException))
-        todo.extend(c for c in (current.__cause__, current.__context__) if c is not None)
-        reason = getattr(current, "reason", None)
-        if isinstance(reason, BaseException):
-            todo.append(reason)
-    return None
-
-
-def _not_http(exc: BaseException) -> http.client.BadStatusLine | None:
-    """The server answered with something that is not HTTP (a redis port, say)."""
-    found = _find_cause(exc, http.client.BadStatusLine)
-    if isinstance(found, http.client.BadStatusLine) and not isinstance(found, http.client.RemoteDisconnected):
-        return found
-    return None
-
-
-def _messages(response: urllib3.BaseHTTPResponse, deadline: float) -> Iterator[dict[str, Any]]:
-    """The JSON messages of a gateway stream, each read bounded by ``deadline``."""
-    connection = getattr(response, "connection", None)
-    sock = getattr(connection, "sock", None)
-    chunks = response.stream(None)
-    buffer = b""
-    while True:
-        while b"\n" not in buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if isinstance(sock, socket.socket):
-                sock.settimeout(remaining)
-            try:
-                chunk = next(chunks)
-            except StopIteration:
-                return
-            buffer += chunk
-        line, _, buffer = buffer.partition(b"\n")
-        if line.strip():
-            message = json.loads(line)
-            if isinstance(message, dict):
-                yield message
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Content-Type": "application/json", "Authorization": token} if token else _JSON

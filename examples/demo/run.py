@@ -8,10 +8,11 @@ It starts the stack (``examples.demo.stack``), shows the live view
 (``examples.demo.view``), SIGKILLs the beat leader midway and then a worker in
 the middle of a singleton task, shows the fail-over and the lock recovery,
 stops everything and prints a summary: runs per task, doubles (0), fail-over
-and recovery times, processes left behind (0). With 3 etcd members it also
-SIGKILLs the raft leader of etcd (it comes back 10 s later, as systemd would
-restart it) and shows that the locks and the beat kept going meanwhile. Exit
-status 0 when all of that went as it should. Ctrl-C stops everything cleanly.
+and recovery times, what the workers' and beats' Prometheus metrics say,
+processes left behind (0). With 3 etcd members it also SIGKILLs the raft
+leader of etcd (it comes back 10 s later, as systemd would restart it) and
+shows that the locks and the beat kept going meanwhile. Exit status 0 when all
+of that went as it should. Ctrl-C stops everything cleanly.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import metrics
 from .stack import ETCD_RESTART_DELAY, LocalStack, StackError, children_of, kill
 
 
@@ -150,7 +152,14 @@ class Demo:
     # -- the scenario -----------------------------------------------------------------------------
 
     def run(self) -> bool:
-        print(f"{self.title}\nstarting the stack (Procfile and logs in {self.stack.root}) ...", flush=True)
+        env = self.stack.env
+        print(
+            f"{self.title}\nstarting the stack (Procfile and logs in {self.stack.root}) ...\n"
+            f"to look at its locks from another terminal, in this directory:\n"
+            f"  ETCDLOCK_URL={env['ETCDLOCK_URL']} SHOP_BROKER_URL={env['SHOP_BROKER_URL']} "
+            f".venv/bin/celery -A examples.shop etcdlock locks --watch 1",
+            flush=True,
+        )
         self.stack.start()
         self.stack.wait_servers(60)
         observer = self.Observer()
@@ -352,11 +361,14 @@ class Demo:
 
         stopped_at = time.time()
         observation = None
+        scraped = None
         if self.stack.honcho is not None:
             try:
                 observation = self.Observer().poll()
             except Exception:  # the stack may be half-started; the summary says what it can
                 observation = self.last
+            names = self.stack.workers + self.stack.beats
+            scraped = metrics.scrape({name: self.stack.metrics_url(name) for name in names})
         if self.tty and not self.interrupted:
             sys.stdout.write("\n")
         print("stopping every process ...", flush=True)
@@ -372,6 +384,7 @@ class Demo:
             "recovery": self.recovery,
             "etcd_kill": self._etcd_summary(observation, stopped_at),
             "processes_left": len(left),
+            "metrics": metrics.summarise(scraped) if scraped else None,
         }
         doubles = None
         if observation is not None:
@@ -455,6 +468,8 @@ class Demo:
                 )
             else:
                 lines.append("  etcd member killed: " + ("no new raft leader seen" if etcd_kill else "not reached"))
+        if summary.get("metrics"):
+            lines.extend(metrics.describe(summary["metrics"]))
         lines.append(f"  processes left behind: {summary['processes_left']}")
         if not self.interrupted:
             lines.append("  result: " + ("OK" if summary["ok"] else "NOT OK"))

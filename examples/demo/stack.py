@@ -8,7 +8,8 @@
     stack.stop()                  # honcho stops every process group (SIGTERM, then SIGKILL)
 
 Everything listens on free 127.0.0.1 ports and keeps its data under the
-stack's directory. Each worker and beat runs in a restart loop (as systemd
+stack's directory; each worker and beat serves its Prometheus metrics on a
+port of its own (``metrics_url(name)``). Each worker and beat runs in a restart loop (as systemd
 or docker would restart it), so the demo can kill one and watch it come
 back. Every process carries a marker in its environment, so that
 ``leftovers()`` finds any that outlived the stop, and ``sweep()`` ends them.
@@ -82,6 +83,10 @@ class LocalStack:
         self.client_ports = {m: free_port() for m in self.etcd_members}
         self.peer_ports = {m: free_port() for m in self.etcd_members}
         self.redis_port = free_port()
+        # where each worker and beat serves its metrics (examples/shop/metrics.py), and a
+        # multiprocess directory for each prefork worker
+        self.metrics_ports = {name: free_port() for name in self.workers + self.beats}
+        self.metrics_dirs = {name: root / "metrics" / name for name in self.workers}
         scheme = "etcd" if api == "v2" else "etcd3"
         endpoints = ",".join(f"{HOST}:{p}" for p in self.client_ports.values())
         self.env = {
@@ -124,12 +129,22 @@ class LocalStack:
         for worker in self.workers:
             command = [*celery, "worker", f"--hostname={worker}@%h", "--pool=prefork", "--concurrency=2",
                        "--loglevel=INFO"]  # fmt: skip
-            lines.append(f"{worker}: {restarting(worker, command)}")
+            lines.append(f"{worker}: {restarting(worker, command, self.metrics_env(worker))}")
         for beat in self.beats:
             command = [*celery, "beat", f"--scheduler={SCHEDULER}", f"--schedule={self.root / beat}.schedule",
                        "--loglevel=INFO"]  # fmt: skip
-            lines.append(f"{beat}: {restarting(beat, command)}")
+            lines.append(f"{beat}: {restarting(beat, command, self.metrics_env(beat))}")
         return "\n".join(lines) + "\n"
+
+    def metrics_env(self, name: str) -> dict[str, str]:
+        """What makes the worker or beat ``name`` serve its metrics (a restart keeps the directory)."""
+        env = {"SHOP_METRICS_PORT": str(self.metrics_ports[name])}
+        if name in self.metrics_dirs:
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dirs[name])
+        return env
+
+    def metrics_url(self, name: str) -> str:
+        return f"http://{HOST}:{self.metrics_ports[name]}/metrics"
 
     # -- life -------------------------------------------------------------------------------------
 
@@ -239,9 +254,10 @@ class LocalStack:
         return "\n".join(f"  | {line}" for line in text[-lines:])
 
 
-def restarting(name: str, command: list[str]) -> str:
-    """A Procfile command that restarts ``command`` one second after it dies."""
-    return f"while :; do SHOP_NODE={name} {shlex.join(command)}; sleep 1; done"
+def restarting(name: str, command: list[str], env: dict[str, str] | None = None) -> str:
+    """A Procfile command that restarts ``command`` (with ``env`` added) one second after it dies."""
+    assignments = "".join(f"{key}={shlex.quote(value)} " for key, value in (env or {}).items())
+    return f"while :; do SHOP_NODE={name} {assignments}{shlex.join(command)}; sleep 1; done"
 
 
 def _healthy(url: str) -> bool:

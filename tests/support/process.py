@@ -37,6 +37,7 @@ import mirakuru
 from mirakuru.exceptions import AlreadyRunning, ProcessExitedWithError, ProcessFinishedWithError, TimeoutExpired
 
 from tests.support.ports import HOST
+from tests.support.wait import wait_until
 
 START_TIMEOUT = 60.0  # generous: a loaded 2-core machine is slow to fsync and elect; also the stop deadline
 PORT_RETRIES = 5
@@ -241,6 +242,25 @@ class ServerProcess:
             raise ServerError(f"{self.kind} is not running")
         self._signal(signal.SIGSTOP)
         self.paused = True
+        # a signal is delivered asynchronously: until every thread has stopped, the server may still answer
+        wait_until(self._stopped, 10, f"{self.kind} to stop on SIGSTOP", interval=0.002)
+
+    def _stopped(self) -> bool:
+        """Whether every thread of the process is stopped (state T in /proc), where /proc tells."""
+        assert self.pid is not None
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return True  # no /proc here (or the process is gone): nothing to wait for
+        for tid in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("T", "t"):
+                return False
+        return True
 
     def resume(self) -> None:
         """SIGCONT after pause()."""

@@ -1,0 +1,502 @@
+"""A small HTTP/1.1 client: what the etcd backends need of HTTP, and nothing more.
+
+Both backends speak HTTP to etcd (v2: the keys API; v3: the JSON gateway).
+A general client (urllib3 and http.client under it) cost them more client CPU
+per request than all their other work: it parses response headers with the
+``email`` package, builds several objects per request and wraps every call
+in layers of options this package never uses. With many worker processes on
+few cores, client CPU decides throughput. This module does one exchange at a
+time on a kept-alive socket, and nothing else:
+
+    pool = endpoint_pool(options, 0)                       # no I/O yet
+    response = pool.request("POST", "/v3/kv/range", b'{"key":"eA=="}', {"Content-Type": "application/json"})
+    response.status, response.headers["content-type"], response.body
+
+    response = pool.request("POST", "/v3/watch", body, timeout=5, stream=True)   # the body is not read yet
+    try:
+        for line in response.lines(deadline): ...           # every read ends by the deadline
+    finally:
+        response.close()                                    # a body not read to its end closes the connection
+
+What it does:
+
+- one ``Pool`` per endpoint, of idle kept-alive connections, reused last in
+  first out (the most recently used is the least likely to have been closed
+  by the server). A connection is closed on any error, on ``Connection:
+  close``, and when its response was not read to the end;
+- before an idle connection is reused, a look at its socket: readable means
+  the server closed it (or sent what it should not have), so it is closed;
+- the server may still close an idle connection while our request is on its
+  way. Such a request is sent once more, on a new connection, if nothing of
+  it can have been processed: the connection was reused, and the server
+  answered not a single byte (it closed or reset the connection). Nothing
+  else is ever sent again here: the backends' retry policy decides, and can
+  switch endpoints. No redirects, no proxies, no credentials or CAs from the
+  environment: the URL says where etcd is and whom to trust;
+- Content-Length and chunked bodies, and bodies that end with the connection;
+- a timeout on the connection (and TLS handshake) and on every read; a
+  streamed body can have a deadline that every read ends by;
+- TLS from the URL's ``?ca=`` (else the system's CAs), ``?cert=`` and
+  ``?key=``: certificate and host name (or IP address) checked, TLS 1.2 or later;
+- where sockets come from is a parameter: a session's renewer under gevent
+  makes its connections on the OS's own sockets (``native.py``).
+
+Errors are ``OSError``: the socket's own (refused, reset, ``ssl.SSLError``),
+``ConnectionClosed`` and ``NoResponse`` (the server hung up), ``ReadTimeout``,
+``NotHTTP`` (the server answered something else) and ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
+
+from .. import green
+from ..errors import BackendError
+from ..options import ConnectionOptions
+from . import native
+
+MAX_IDLE = 32  # idle connections kept per endpoint; more are closed after use
+_MAX_HEAD = 64 * 1024  # bytes of status line and headers we read before giving up on a response
+_RECV_SIZE = 64 * 1024
+
+
+class ProtocolError(OSError):
+    """The server's answer is not HTTP/1.1 we can read."""
+
+
+class NotHTTP(ProtocolError):
+    """The server answered, but not in HTTP: ``greeting`` is what it sent first."""
+
+    def __init__(self, greeting: bytes) -> None:
+        super().__init__(f"the server answered something that is not HTTP: {greeting[:80]!r}")
+        self.greeting = greeting
+
+
+class ConnectionClosed(ConnectionResetError):
+    """The server closed the connection before its answer was complete."""
+
+
+class NoResponse(ConnectionClosed):
+    """The server closed (or reset) the connection without sending a byte of an answer."""
+
+
+class ReadTimeout(TimeoutError):
+    """The server sent nothing more within the read timeout (or by the deadline of a streamed body)."""
+
+
+class Socket(Protocol):
+    """What this module uses of a socket: ``socket.socket``, ``ssl.SSLSocket`` and ``native.TLSSocket`` have it."""
+
+    def sendall(self, data: bytes, /) -> None: ...
+    def recv(self, size: int, /) -> bytes: ...
+    def settimeout(self, timeout: float | None, /) -> None: ...
+    def shutdown(self, how: int, /) -> None: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
+# a connected TCP socket to (host, port) within the timeout; then TLS over a socket, for a host name
+Connect = Callable[[tuple[str, int], float], socket.socket]
+WrapTLS = Callable[[socket.socket, ssl.SSLContext, str], Socket]
+
+
+def _connect(address: tuple[str, int], timeout: float) -> socket.socket:
+    # socket.create_connection looked up at each call: gevent's once it has patched the socket module
+    return socket.create_connection(address, timeout)
+
+
+def _wrap_tls(sock: socket.socket, context: ssl.SSLContext, hostname: str) -> Socket:
+    return context.wrap_socket(sock, server_hostname=hostname)
+
+
+def tls_context(options: ConnectionOptions) -> ssl.SSLContext:
+    """A TLS client context from the URL: its CA (else the system's), its client certificate and key."""
+    # ssl.SSLContext as it is now: under gevent its subclass, whose wrap_socket makes green sockets (and whose
+    # property setters work once ssl is patched; the standard library's would recurse)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, host name (or IP address) checked
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        if options.ca:
+            context.load_verify_locations(options.ca)
+        else:
+            context.load_default_certs()
+        if options.cert:
+            context.load_cert_chain(options.cert, options.key)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        files = [f"{name}={path}" for name, path in (("ca", options.ca), ("cert", options.cert), ("key", options.key))]
+        given = ", ".join(f for f in files if not f.endswith("=None")) or "the system's CAs"
+        raise BackendError(f"the TLS files of the etcd URL ({given}) could not be loaded: {exc}") from None
+    return context
+
+
+def endpoint_pool(options: ConnectionOptions, index: int, *, native_sockets: bool = False) -> Pool:
+    """The pool of endpoint ``index``; ``native_sockets``: on the OS's own sockets (a native thread under gevent)."""
+    host, port = options.endpoints[index]
+    tls = tls_context(options) if options.tls else None
+    if native_sockets:
+        return Pool(host, port, tls, connect=native.create_connection, wrap_tls=native.wrap_tls)
+    return Pool(host, port, tls)
+
+
+_poll = green.original("select", "poll") if hasattr(select, "poll") else None  # never gevent's: no hub needed
+
+
+def _readable(sock: Socket) -> bool:
+    """Is there something to read (or an end of file) on an idle connection's socket, right now?"""
+    if _poll is None:  # pragma: no cover - Windows has no poll
+        return bool(select.select([sock], [], [], 0)[0])
+    poller = _poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class Connection:
+    """One connection to the server: its socket, and what was read from it but not used yet."""
+
+    def __init__(self, sock: Socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.reusable = True  # False once the server said it will close it, or a body ends with it
+        self.deadline: float | None = None  # when set, every read ends by then (a streamed body)
+
+    def close(self) -> None:
+        self.reusable = False
+        self.sock.close()
+
+    def abort(self) -> None:
+        """Shut the socket down, from any thread: a read blocked on it fails at once."""
+        self.reusable = False
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def _fill(self) -> bool:
+        """Read what came next into the buffer; False at the end of the stream."""
+        if self.deadline is not None:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise ReadTimeout("the deadline passed")
+            self.sock.settimeout(remaining)
+        try:
+            data = self.sock.recv(_RECV_SIZE)
+        except TimeoutError:
+            raise ReadTimeout("the server sent nothing more within the read timeout") from None
+        self.buffer += data
+        return bool(data)
+
+    def read_head(self) -> tuple[int, dict[str, str]]:
+        """The status and headers (names in lower case) of the response that comes next."""
+        buffer = self.buffer
+        while (end := buffer.find(b"\r\n\r\n")) < 0:
+            if len(buffer) >= 5 and not buffer.startswith(b"HTTP/"):
+                raise NotHTTP(bytes(buffer))
+            if len(buffer) > _MAX_HEAD:
+                raise ProtocolError(f"the response headers are over {_MAX_HEAD} bytes")
+            try:
+                more = self._fill()
+            except ConnectionResetError as exc:
+                if not buffer:
+                    raise NoResponse(f"Remote end reset the connection without response ({exc})") from None
+                raise
+            if not more:
+                if not buffer:
+                    raise NoResponse("Remote end closed connection without response")
+                if not buffer.startswith(b"HTTP/"):
+                    raise NotHTTP(bytes(buffer))
+                raise ConnectionClosed("Remote end closed connection in the middle of the response headers")
+        status_line, *lines = buffer[:end].decode("latin-1").split("\r\n")
+        del buffer[: end + 4]
+        version, _, rest = status_line.partition(" ")
+        try:
+            status = int(rest[:3])
+        except ValueError:
+            raise ProtocolError(f"bad HTTP status line {status_line[:80]!r}") from None
+        headers: dict[str, str] = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.lower()] = value.strip()  # a header sent twice keeps its last value: none we read repeats
+        # HTTP/1.0 keeps a connection only if asked to: never reuse one, it costs nothing here
+        if version != "HTTP/1.1" or headers.get("connection", "").lower() == "close":
+            self.reusable = False
+        return status, headers
+
+    def read_exactly(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise ConnectionClosed("Remote end closed connection in the middle of the response body")
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    def read_line(self) -> bytes:
+        """The next CRLF-ended line, without its CRLF."""
+        while (end := self.buffer.find(b"\r\n")) < 0:
+            if len(self.buffer) > _MAX_HEAD:
+                raise ProtocolError("a chunk size line is too long")
+            if not self._fill():
+                raise ConnectionClosed("Remote end closed connection in the middle of a chunked response body")
+        line = bytes(self.buffer[:end])
+        del self.buffer[: end + 2]
+        return line
+
+    def read_chunk(self) -> bytes:
+        """The data of the next chunk of a chunked body; b"" after the last one (its trailers read)."""
+        size_line = self.read_line()
+        try:
+            size = int(size_line.split(b";", 1)[0], 16)
+        except ValueError:
+            raise ProtocolError(f"bad chunk size line {size_line[:80]!r}") from None
+        if size == 0:
+            while self.read_line():  # trailers, up to the empty line
+                pass
+            return b""
+        return self.read_exactly(size + 2)[:-2]  # and the CRLF after the data
+
+    def read_some(self) -> bytes:
+        """What has arrived of a body that ends with the connection; b"" at its end."""
+        if not self.buffer and not self._fill():
+            return b""
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        return data
+
+
+class Response:
+    """A response whose status and headers are read; its body is read by ``read()`` or ``lines()``.
+
+    Once the body was read to its end, the connection goes back to its pool;
+    ``close()`` closes it if not (always call it for a streamed response).
+    """
+
+    def __init__(self, pool: Pool, connection: Connection, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = b""
+        self.complete = False  # the body was read to its end
+        self._pool = pool
+        self._connection: Connection | None = connection
+
+    def read(self) -> bytes:
+        """The whole body (also kept as ``body``)."""
+        self.body = b"".join(self._pieces())
+        return self.body
+
+    def lines(self, deadline: float) -> Iterator[bytes]:
+        """The body's lines as they arrive, until it ends or ``deadline`` (``time.monotonic()``) passes.
+
+        Every read waits at most until the deadline: a server that stops
+        sending never holds the caller past it.
+        """
+        connection = self._connection
+        assert connection is not None, "the body was read already"
+        connection.deadline = deadline
+        pending = b""
+        try:
+            for piece in self._pieces():
+                pending += piece
+                while (end := pending.find(b"\n")) >= 0:
+                    yield pending[:end]
+                    pending = pending[end + 1 :]
+        except ReadTimeout:
+            return  # the deadline passed (the reads wait for nothing longer)
+        if pending:
+            yield pending
+
+    def abort(self) -> None:
+        """End the reading of the body from another thread: the read fails at once (``close()`` it after)."""
+        connection = self._connection
+        if connection is not None:
+            connection.abort()
+
+    def close(self) -> None:
+        """Close the connection, unless its body was read to its end (it is back in the pool then)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+    def _pieces(self) -> Iterator[bytes]:
+        """The body as it arrives; at its end the connection goes back to the pool."""
+        connection = self._connection
+        assert connection is not None, "the body was read already"
+        try:
+            if "chunked" in self.headers.get("transfer-encoding", ""):
+                while piece := connection.read_chunk():
+                    yield piece
+            elif "content-length" in self.headers:
+                length = self.headers["content-length"]
+                if not length.isdigit():
+                    raise ProtocolError(f"bad Content-Length {length[:80]!r}")
+                yield connection.read_exactly(int(length))
+            elif self.status not in (204, 304):
+                connection.reusable = False
+                while piece := connection.read_some():
+                    yield piece
+        except BaseException:
+            self.close()
+            raise
+        self.complete, self._connection = True, None
+        self._pool.release(connection)
+
+
+class Pool:
+    """Kept-alive connections to one ``host:port``, over TLS when given a context. Thread-safe; no I/O until used.
+
+    ``connect`` makes a connected TCP socket and ``wrap_tls`` puts TLS over it
+    (the standard library's, or gevent's once it patched them, by default).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None = None,
+        *,
+        connect: Connect = _connect,
+        wrap_tls: WrapTLS = _wrap_tls,
+        max_idle: int = MAX_IDLE,
+    ) -> None:
+        self.host, self.port = host, port
+        self.tls = tls
+        self._connect = connect
+        self._wrap_tls = wrap_tls
+        self._max_idle = max_idle
+        self._host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._idle: list[Connection] = []
+        # held only to push or pop an idle connection: a native lock, which a greenlet and a native thread can share
+        self._lock = green.native_lock()
+        self._closed = False
+
+    def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        stream: bool = False,
+    ) -> Response:
+        """Send the request; the response, its body read (``body``) unless ``stream``.
+
+        ``target`` is the path and query; ``timeout`` (seconds) bounds the
+        connection and every read. With ``stream``, read the body with
+        ``read()`` or ``lines()``, and ``close()`` the response. Every request
+        of this module goes through here: this is the one place to count them.
+        """
+        head = f"{method} {target} HTTP/1.1\r\nHost: {self._host_header}\r\n"
+        if body or method in ("POST", "PUT"):
+            head += f"Content-Length: {len(body)}\r\n"
+        if headers:
+            head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        data = (head + "\r\n").encode("latin-1") + body
+        response = self._send(data, timeout)
+        if not stream:
+            response.read()
+        return response
+
+    def _send(self, data: bytes, timeout: float) -> Response:
+        """Send ``data`` on an idle connection, or a new one; the response, its status and headers read."""
+        connection = self._idle_connection()
+        if connection is not None:
+            try:
+                return self._exchange(connection, data, timeout)
+            except NoResponse:
+                pass  # the server closed it while it was idle, before it read our request: send it again, once
+        return self._exchange(self._new_connection(timeout), data, timeout)
+
+    def _exchange(self, connection: Connection, data: bytes, timeout: float) -> Response:
+        try:
+            connection.sock.settimeout(timeout)
+            # the server may have answered before it read all of it (a request too large): read that
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                connection.sock.sendall(data)
+            status, headers = connection.read_head()
+        except BaseException:
+            connection.close()
+            raise
+        return Response(self, connection, status, headers)
+
+    def _idle_connection(self) -> Connection | None:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                connection = self._idle.pop()
+            if not _readable(connection.sock):
+                return connection
+            connection.close()  # closed by the server while idle (or it sent what it should not have)
+
+    def _new_connection(self, timeout: float) -> Connection:
+        sock = self._connect((self.host, self.port), timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is None:
+                return Connection(sock)
+            return Connection(self._wrap_tls(sock, self.tls, self.host))  # the handshake, within the timeout
+        except BaseException:
+            sock.close()
+            raise
+
+    def release(self, connection: Connection) -> None:
+        """Take a connection back whose response was read to its end."""
+        connection.deadline = None
+        if connection.reusable and not connection.buffer:
+            with self._lock:
+                if not self._closed and len(self._idle) < self._max_idle:
+                    self._idle.append(connection)
+                    return
+        connection.close()
+
+    def close(self) -> None:
+        """Close the idle connections; those in use close when their response is done."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+
+class OpenWatches:
+    """The watches a client has open on each endpoint, so that leaving an endpoint ends them there at once.
+
+    A watch on a member cut off from the others, or frozen, never fires: it would wait for its
+    own timeout (twice the TTL) after the client's other requests, its renewals, had moved to a
+    healthy member, and a waiter at the head of a queue would hold up everyone behind it. Ending
+    the watch makes its read fail at once; the backend's retry policy watches again, on the
+    endpoint the client uses now, from the same revision, so no event is missed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = green.native_lock()  # the renewer thread may leave an endpoint while a greenlet watches
+        self._open: dict[int, tuple[int, Response]] = {}  # id(response) -> (endpoint index, response)
+
+    @contextlib.contextmanager
+    def watching(self, index: int, response: Response, current: Callable[[], int]) -> Iterator[None]:
+        """Track ``response``, a watch's answer being read from endpoint ``index``, while the block runs.
+
+        ``current()`` is the endpoint the client uses now: if it already moved on, the watch ends at once.
+        """
+        with self._lock:
+            self._open[id(response)] = (index, response)
+        try:
+            if current() != index:  # after registering: a move from now on finds it, one before is seen here
+                response.abort()
+            yield
+        finally:
+            with self._lock:
+                self._open.pop(id(response), None)
+
+    def leave(self, index: int) -> None:
+        """End every watch open on endpoint ``index``: the client moved to another endpoint."""
+        with self._lock:
+            responses = [response for at, response in self._open.values() if at == index]
+        for response in responses:
+            response.abort()
