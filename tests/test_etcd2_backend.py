@@ -92,6 +92,37 @@ def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
     waiter.release()
 
 
+@pytest.mark.parametrize("api", ["v2"])
+def test_a_probe_reads_the_queue_again_when_anything_was_written_after_its_look(client, monkeypatch):
+    """join_queue_if_empty skips its second read only if its create is the very next write after the look."""
+    backend = client.backend
+    lease = backend.grant(30)
+    create = backend._create_entry
+    cut_in: list[Any] = []
+
+    def create_after_another(queue: str, value: dict[str, Any], lease: Any) -> Any:
+        if not cut_in:  # someone else joins between the look that found the queue empty and our create
+            cut_in.append(create(queue, {"who": "other"}, lease))
+        return create(queue, value, lease)
+
+    monkeypatch.setattr(backend, "_create_entry", create_after_another)
+    entry, snapshot = backend.join_queue_if_empty("locks/probe", {"who": "me"}, lease)
+    assert entry is not None
+    assert [e.token for e in snapshot.entries] == [cut_in[0].token, entry.token]  # read again: not first
+    monkeypatch.undo()
+    quiet: list[Any] = []
+    for attempt in range(5):  # the server is shared: another test's renewal may write in between, now and then
+        joined, snapshot = backend.join_queue_if_empty(f"locks/quiet{attempt}", {"who": "me"}, lease)
+        assert joined is not None and snapshot.entries == [joined]
+        quiet.append(joined)
+        if snapshot.entries[0].ttl is None:  # the create's own answer (a read gives the TTL): no second read
+            assert snapshot.revision == joined.token
+            break
+    else:
+        pytest.fail("a create right after the look that found the queue empty still read the queue again")
+    backend.revoke(lease, [cut_in[0], entry, *quiet])
+
+
 _noise = itertools.count()
 
 

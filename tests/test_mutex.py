@@ -258,6 +258,24 @@ def test_a_skip_costs_one_request_and_names_the_holder_it_saw(own_etcd):
         probing.close()
 
 
+def test_a_free_lock_taken_without_waiting_costs_the_fewest_requests(own_etcd):
+    client = connect(own_etcd.url(prefix="/free"))
+    try:
+        warm = Mutex(client, "warm", ttl=30)
+        assert warm.acquire(blocking=False)  # the session's lease is granted now (v3), not in the count below
+        lock = Mutex(client, "free", ttl=30)
+        before = _requests_served(own_etcd)
+        assert lock.acquire(blocking=False)
+        # v3: one transaction. v2: a look at the queue, then the create; no read after it, since nothing
+        # was written between the two
+        assert _requests_served(own_etcd) - before == (2 if own_etcd.api == "v2" else 1)
+        assert [e.token for e in client.backend.read_queue(lock.queue).entries] == [lock.token]
+        lock.release()
+        warm.release()
+    finally:
+        client.close()
+
+
 def test_a_lost_lock_says_why(own_etcd):
     from celery_etcdlock.cli import force_release
 

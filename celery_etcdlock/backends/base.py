@@ -224,19 +224,14 @@ class Backend(abc.ABC):
         nobody holds it yet, and it must not block the queue until its TTL.
         """
 
+    @abc.abstractmethod
     def join_queue_if_empty(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry | None, Snapshot]:
         """``join_queue`` only if ``queue`` is empty; else create nothing and return (None, the queue).
 
         A non-blocking acquire looks before it joins, so that its own short-lived entry never
-        makes another request give up. This default reads, then joins (v2); a backend that can
-        compare and create in one request (a v3 transaction) overrides it.
+        makes another request give up. The look decides, so it must be linearizable: a member
+        cut off from the others may still list holders long gone.
         """
-        # fresh: giving up is a decision, and a member cut off from the others (v2 answers a plain read
-        # alone) may still list holders long gone, for as long as the partition lasts
-        snapshot = self.read_queue(queue, fresh=True)
-        if snapshot.entries:
-            return None, snapshot
-        return self.join_queue(queue, value, lease)
 
     @abc.abstractmethod
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:

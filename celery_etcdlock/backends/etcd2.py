@@ -296,7 +296,21 @@ class Etcd2Backend(Backend):
 
     def join_queue(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry, Snapshot]:
         # v2 cannot create and read in one request: two, and the entry goes again if the read fails
+        return self._read_after_join(queue, self._create_entry(queue, value, lease))
+
+    def join_queue_if_empty(self, queue: str, value: dict[str, Any], lease: Lease) -> tuple[Entry | None, Snapshot]:
+        # fresh: giving up is a decision, and a member cut off from the others answers a plain read alone
+        snapshot = self.read_queue(queue, fresh=True)
+        if snapshot.entries:
+            return None, snapshot
         entry = self._create_entry(queue, value, lease)
+        if snapshot.revision > 0 and entry.token == snapshot.revision + 1:
+            # etcd's index counts every write to the whole v2 store: nothing at all was written between the
+            # read that found the queue empty and this create, so the queue is this entry alone
+            return entry, Snapshot([entry], entry.token)
+        return self._read_after_join(queue, entry)
+
+    def _read_after_join(self, queue: str, entry: Entry) -> tuple[Entry, Snapshot]:
         try:
             return entry, self.read_queue(queue)
         except BaseException:
