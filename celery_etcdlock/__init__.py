@@ -41,7 +41,7 @@ from .semaphore import Semaphore
 if TYPE_CHECKING:
     from .tasks import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # A library logs; the application decides where it goes (Celery's workers and beat configure the root logger).
 logging.getLogger(__name__).addHandler(logging.NullHandler())
