@@ -31,6 +31,10 @@ TOTALS = {  # safety counter -> what the totals table calls it
 }
 INFORMATION = {  # counters that are no violation
     "beat messages published": "beat: messages published (from the beats' logs)",
+    "beat runs recorded in etcd": "beat: runs recorded in etcd (the state's run count)",
+    "beat runs sent late (within half an interval of the next)": (
+        "beat: runs sent late, within half an interval of the next (a slow recording; not a run sent twice)"
+    ),
     "mutex holds lost inside": "mutex: holds lost during the critical section (none overlapped)",
     "task runs that lost their lock": "tasks: runs that lost their lock before they ended",
     "overlaps from a lease a resumed old leader renewed (etcd#15247)": (

@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from celery_etcdlock import Mutex, connect
+from celery_etcdlock import Mutex, connect, retry
 from celery_etcdlock.backends.base import server_ttl
 from celery_etcdlock.dedupe import EnqueueMarkers
+from celery_etcdlock.errors import BackendError
 from tests.support import EtcdCluster, partition_unsupported, wait_until
 from tests.support.cluster import ELECTION_MS
 
@@ -150,3 +151,50 @@ def test_a_waiter_watching_through_a_cut_off_member_wakes_when_the_lock_is_relea
     # its next renewal times out (up to one renewal period, then one renewal's wait), then a watch elsewhere
     assert woken < 2 * renewal + BACKOFF + 1, f"woken {woken:.1f}s after the release (safety net: {2 * ttl}s)"
     waiter.release()
+
+
+def test_a_renewal_that_a_resumed_old_leader_answers_alone_does_not_count(cluster: EtcdCluster) -> None:
+    """etcd-io/etcd#15247 (etcd before 3.5.13 / 3.4.31), seen from our client: see Etcd3Backend.keep_alive.
+
+    A leader frozen past a lease's TTL, once resumed, answers a keep-alive "renewed" from its own
+    lessor while the real leader lets the lease lapse (tests/test_servers.py shows it without our
+    code). Our keep-alive, through that member alone, must either fail (the confirming read in the
+    same raft term cannot succeed) or be a renewal the cluster really made.
+    """
+    cluster.heal()
+    healthy, old = cluster.member(LEADER), cluster.member(CUT)
+    refused = 0
+    for _attempt in range(3):
+        cluster.move_leader(CUT)
+        client = connect(old.url(scheme="etcd3", prefix=f"/renewal-{uuid.uuid4().hex[:8]}", timeout=2))
+        try:
+            lease = client.backend.grant(3)  # etcd grants server_ttl(3) = 2 s
+            lease_id = str(lease.lease_id)  # type: ignore[attr-defined]
+            old.pause()
+            try:
+                cluster.wait_for_leader(other_than=CUT)
+                until = time.monotonic() + 3  # past the TTL: the frozen leader's lessor deems the lease expired
+                while time.monotonic() < until:  # meanwhile the real leader keeps it alive (an error: next time)
+                    healthy.v3("lease/keepalive", {"ID": lease_id}, timeout=1)
+                    time.sleep(0.25)
+                time.sleep(0.6)  # its last real renewal is now well before the one asked below
+            finally:
+                old.resume()
+            asked = time.monotonic()
+            try:
+                client.backend.keep_alive(lease, [], timeout=2)
+            except (retry.Transient, BackendError):
+                refused += 1
+                continue
+            if lease.expired:  # an honest "gone": nothing was counted as renewed
+                continue
+            # counted as renewed at `asked`: the cluster must keep the lease for the 2 s granted from then
+            while time.monotonic() < asked + 1.9:
+                status, reply = healthy.v3("kv/lease/timetolive", {"ID": lease_id}, timeout=2)
+                # a member between leaders answers an error: only an answer counts
+                assert status != 200 or int(reply.get("TTL", -1)) >= 0, "a renewal counted that the cluster never made"
+                time.sleep(0.02)
+        finally:
+            client.close()
+            cluster.wait_for_leader()
+    assert refused, "the resumed old leader never answered alone in 3 tries: is this etcd 3.5.13+ / 3.4.31+?"

@@ -25,10 +25,11 @@ What each operation costs, in requests:
 - ``delete_entry``: 1 transaction (delete if the create revision is ours).
 - ``wait_gone``: 1 streaming watch until the event or the timeout, and 1
   range once the watch exists.
-- ``keep_alive``: 2 whatever the number of entries: the lease's keep-alive,
-  then the listing of the lease's keys, which notices an entry deleted
-  behind its holder's back (``celery etcdlock release``, an operator).
-  1 when no entries ride on the lease, or the lease is gone.
+- ``keep_alive``: 3 whatever the number of entries: the lease's keep-alive,
+  a linearizable read that confirms it (see ``keep_alive``), then the
+  listing of the lease's keys, which notices an entry deleted behind its
+  holder's back (``celery etcdlock release``, an operator). 2 when no
+  entries ride on the lease, 1 when the lease is gone.
 - ``put_record``: 1 transaction; with a ``ttl``, 1 more before it (a lease of
   the record's own, so that it outlives its writer), and 1 after it to
   revoke that lease if the compare failed, or the lease of a record with a
@@ -170,16 +171,27 @@ class Etcd3Backend(Backend):
         return self._retrying(f"grant a {wanted}s lease", grant)
 
     def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
-        """Renew the lease, then list the keys it still carries. A single attempt: the session retries."""
+        """Renew the lease, confirm the renewal, then list the keys it still carries.
+
+        A single attempt: the session retries. A raft leader renews a lease alone, from its own
+        lessor, without asking the other members. One cut off from them, or frozen and resumed,
+        still takes itself for the leader for a moment, and its "renewed" may be false: the real
+        leader never heard of it and expires the lease on time (etcd-io/etcd#15247, fixed in
+        etcd 3.5.13 and 3.4.31). So a renewal counts only once a linearizable read (which a
+        leader answers only after a quorum confirmed it leads) is answered in the same raft term:
+        the leader of that term, the one that renewed, really led.
+        """
         lease = self._own(lease)
         deadline = time.monotonic() + max(0.05, timeout)
         try:
             answer = self.gateway.post("lease/keepalive", {"ID": str(lease.lease_id)}, timeout=max(0.05, timeout))
         except Failure as exc:
             raise BackendError(f"etcd keep-alive of lease {lease.id} failed: {exc}") from None
-        if int(answer.get("result", {}).get("TTL", 0)) <= 0:
+        result = answer.get("result", {})
+        if int(result.get("TTL", 0)) <= 0:
             lease.expired = True
             return {entry.key for entry in entries}
+        self._confirm_term(lease, _raft_term(result), deadline)
         if not entries:
             return set()
         try:
@@ -197,6 +209,23 @@ class Etcd3Backend(Backend):
         alive = {self._relative(unb64(key)) for key in answer.get("keys", ())}
         lease.keys = alive
         return {entry.key for entry in entries if entry.key not in alive}
+
+    def _confirm_term(self, lease: V3Lease, renewed_in: int, deadline: float) -> None:
+        try:
+            answer = self.gateway.post(
+                "kv/range",
+                {"key": b64(self._full(_TERM_PROBE)), "count_only": True},  # linearizable: no "serializable"
+                timeout=max(0.05, deadline - time.monotonic()),
+            )
+        except Failure as exc:
+            raise BackendError(f"etcd keep-alive of lease {lease.id}: the confirming read failed: {exc}") from None
+        confirmed_in = _raft_term(answer)
+        if not renewed_in or confirmed_in != renewed_in:
+            # a leader changed in between, or the renewing member no longer leads: the renewal may be void
+            raise retry.Transient(
+                self.gateway.endpoints[self.gateway.current],
+                f"lease {lease.id} was renewed in raft term {renewed_in}, but etcd is in term {confirmed_in}",
+            )
 
     def delete_stray(self, lease: Lease, key: str) -> None:
         lease = self._own(lease)
@@ -481,3 +510,13 @@ class Etcd3Backend(Backend):
 
     def close(self) -> None:
         self.gateway.close()
+
+
+#: a key nobody writes, read (counted, not fetched) to confirm a renewal: see ``Etcd3Backend.keep_alive``
+_TERM_PROBE = "renewal-term-probe"
+
+
+def _raft_term(answer: dict[str, Any]) -> int:
+    """The raft term in an answer's header (0 when absent)."""
+    header = answer.get("header")
+    return int(header.get("raft_term") or 0) if isinstance(header, dict) else 0
