@@ -37,8 +37,8 @@ INFORMATION = {  # counters that are no violation
     ),
     "mutex holds lost inside": "mutex: holds lost during the critical section (none overlapped)",
     "task runs that lost their lock": "tasks: runs that lost their lock before they ended",
-    "overlaps from a lease a resumed old leader renewed (etcd#15247)": (
-        "overlaps etcd caused: a lease renewed by a resumed old leader (etcd#15247, see below)"
+    "overlaps from a live lease a resumed old leader revoked (etcd#15247)": (
+        "overlaps etcd caused: a live lease revoked by a resumed old leader (etcd#15247, see below)"
     ),
 }
 

@@ -81,7 +81,7 @@ QUORUM_LOSS = CLOSED_AFTER + 3.0  # how long two members stay down
 
 WORKLOADS = ("mutex", "rwlock", "election", "tasks", "beat")
 #: the safety counter of overlaps that etcd itself causes (see Workloads._unexplained)
-STALE_LEADER_OVERLAPS = "overlaps from a lease a resumed old leader renewed (etcd#15247)"
+STALE_LEADER_OVERLAPS = "overlaps from a live lease a resumed old leader revoked (etcd#15247)"
 
 #: every fault hits member VICTIM: as the raft leader (moved there first) or as a follower (moved away)
 VICTIM = 0
@@ -423,11 +423,13 @@ class Workloads:
     ) -> list[tuple[Any, Any]]:
         """The overlaps etcd's own bug does not explain; those it does are counted apart.
 
-        etcd before 3.5.13 / 3.4.31 (etcd-io/etcd#15247, tests/test_servers.py shows it): a raft
-        leader frozen past a lease's TTL, once resumed, renews leases alone for a moment and says
-        so; the real leader expires them on its own schedule. A holder that renewed through it
-        believes, for at most one TTL, that it holds a lease the cluster already expired. Such an
-        overlap has a signature: the earlier holder learnt from etcd that its lease or its key
+        etcd before 3.5.13 / 3.4.31 (etcd-io/etcd#15247; docs/reliability.md): a raft leader frozen
+        past a lease's TTL, once resumed, has its lessor revoke leases it saw no keep-alive for,
+        and raft forwards the revocation to the real leader: the keys of a holder that renews on
+        time are deleted behind its back, and it learns so at its next renewal or from a watch,
+        while the next waiter, woken by the delete, may hold already. (The other face, a lone
+        renewal by the old leader, the client refuses: Etcd3Backend.keep_alive.) Such an overlap
+        has a signature: the earlier holder learnt from etcd that its lease or its key
         was gone (cause "revoked" or "deleted": nobody deletes keys here), not from its own
         deadline ("late"); the later one took over within a TTL after a frozen leader resumed;
         and the overlap is shorter than the TTL. Anything else is a violation.

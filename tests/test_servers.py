@@ -335,7 +335,8 @@ def test_a_resumed_old_leader_renews_leases_alone(etcd_cluster: EtcdCluster) -> 
     leader for a moment: it answers a keep-alive with "renewed, TTL 2" from its own lessor.
     The real leader never hears of that renewal and expires the lease on its own schedule,
     so a holder that trusts the answer believes it holds a lease that is gone. The versions
-    the tests run (3.4.23, 3.5.1) all do it; the fault suite counts what it causes apart.
+    the tests run (3.4.23, 3.5.1) all do it; our client refuses such a renewal
+    (tests/test_cluster_clients.py, Etcd3Backend.keep_alive).
     """
     old, healthy = etcd_cluster.member(0), etcd_cluster.member(1)
 
