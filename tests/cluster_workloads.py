@@ -46,7 +46,32 @@ from typing import Any
 
 from celery_etcdlock import Election, EtcdLockError, Mutex, RWLock, connect, observe
 
-stopping = threading.Event()
+
+class Stopping:
+    """Set by SIGTERM: a plain flag, and a wait that polls it.
+
+    Not a threading.Event: its set() takes the event's lock, which the thread the signal
+    handler interrupted may hold inside that same event's wait(); the handler then waits for
+    itself forever (a role that never stopped, in a fault suite run).
+    """
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self.flag and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.05))
+        return self.flag
+
+
+stopping = Stopping()
 #: a blocked acquire waits this long at most: far longer than any fault, so that a waiter stuck on a
 #: member that failed shows as a stall (it does not give up and queue again), yet a bug never hangs the run
 ACQUIRE_TIMEOUT = 60.0
