@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -390,8 +390,13 @@ def test_fenced_record_write_fails_once_the_fence_is_gone(backend: Etcd3Backend)
     assert backend.put_record("records/beat/s", {"n": 3}, expect=record, fence=successor) is not None
 
 
-def test_records_with_a_ttl_leave_no_lease_behind(backend: Etcd3Backend, server: EtcdServer) -> None:
-    """Each record with a ttl has a lease of its own: deleting or replacing the record revokes it."""
+def test_records_with_a_ttl_leave_no_lease_behind(etcd_server_factory: Callable[..., EtcdServer]) -> None:
+    """Each record with a ttl has a lease of its own: deleting or replacing the record revokes it.
+
+    On a server of its own: on the shared one, other tests' leases come and go while this one counts.
+    """
+    server = etcd_server_factory("3.5", enable_v2=False)
+    backend = make(server.url(prefix="/leases"), retry_max_delay=10)
     before = server_leases(server)
     for i in range(20):
         record = backend.put_record(f"records/markers/m{i}", {"task": i}, expect=None, ttl=60)
@@ -403,6 +408,7 @@ def test_records_with_a_ttl_leave_no_lease_behind(backend: Etcd3Backend, server:
         assert replaced is not None
         assert backend.delete_record(f"records/markers/n{i}")  # unguarded
     assert server_leases(server) == before
+    backend.close()
 
 
 def test_record_with_ttl_expires(backend: Etcd3Backend) -> None:
