@@ -45,29 +45,24 @@ from collections.abc import Iterator
 from typing import Any
 
 from celery_etcdlock import Election, EtcdLockError, Mutex, RWLock, connect, observe
+from celery_etcdlock.session import Flag
 
 
-class Stopping:
-    """Set by SIGTERM: a plain flag, and a wait that polls it.
+class Stopping(Flag):
+    """Set by SIGTERM: the session's plain flag, and a wait that polls it.
 
     Not a threading.Event: its set() takes the event's lock, which the thread the signal
     handler interrupted may hold inside that same event's wait(); the handler then waits for
     itself forever (a role that never stopped, in a fault suite run).
     """
 
-    def __init__(self) -> None:
-        self.flag = False
-
-    def set(self) -> None:
-        self.flag = True
-
-    def is_set(self) -> bool:
-        return self.flag
+    __slots__ = ()
 
     def wait(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while not self.flag and (left := deadline - time.monotonic()) > 0:
+        while not self.is_set() and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.05))
+        return self.is_set()
         return self.flag
 
 
@@ -95,18 +90,23 @@ def pause(seconds: float) -> None:
     stopping.wait(seconds)
 
 
+def acquired(lock: Any, log: Log) -> bool:
+    """``lock.acquire`` with the workloads' timeout; an etcd error is logged, paused on, and a False."""
+    try:
+        return bool(lock.acquire(timeout=ACQUIRE_TIMEOUT))
+    except EtcdLockError as exc:
+        log("error", op="acquire", error=repr(exc)[:300])
+        pause(0.2)
+        return False
+
+
 def counter(args: dict[str, Any], log: Log) -> None:
     """Loop: acquire, read the counter, write it + 1 (not atomically), record it, release."""
     lock = Mutex(connect(args["url"]), args["name"], ttl=args["ttl"])
     path, inside = args["counter"], args["counter"] + ".inside"
     rng = random.Random(args["seed"])
     while not stopping.is_set():
-        try:
-            if not lock.acquire(timeout=ACQUIRE_TIMEOUT):
-                continue
-        except EtcdLockError as exc:
-            log("error", op="acquire", error=repr(exc)[:300])
-            pause(0.2)
+        if not acquired(lock, log):
             continue
         try:
             if not lock.held:  # lost in the instant after acquire returned: do not enter
@@ -163,12 +163,7 @@ def rwmix(args: dict[str, Any], log: Log) -> None:
     while not stopping.is_set():
         mode = "read" if rng.random() < 0.6 else "write"
         lock = rw.read() if mode == "read" else rw.write()
-        try:
-            if not lock.acquire(timeout=ACQUIRE_TIMEOUT):
-                continue
-        except EtcdLockError as exc:
-            log("error", op="acquire", error=repr(exc)[:300])
-            pause(0.2)
+        if not acquired(lock, log):
             continue
         try:
             if not lock.held:

@@ -155,8 +155,8 @@ class Etcd2Backend(Backend):
             url = f"{url}?{urlencode(params)}"
         if not self.options.tls and len(method) + len(url.encode()) + len(" HTTP/1.1\r\n") + 1 > _MAX_REQUEST_LINE:
             raise _too_large(endpoint, f"its URL is {len(url)} characters long, over the 4 KB etcd reads")
+        watch = params.get("wait") == "true"
         try:
-            watch = params.get("wait") == "true"
             response = pool.request(method, url, body, headers, timeout or self.options.timeout, stream=watch)
             if watch:  # etcd sends the headers at once, the body on the event: leaving the endpoint ends it
                 try:
@@ -165,7 +165,7 @@ class Etcd2Backend(Backend):
                 finally:
                     response.close()
         except OSError as exc:
-            if params.get("wait") == "true" and isinstance(exc, transport.ReadTimeout):
+            if watch and isinstance(exc, transport.ReadTimeout):
                 raise _WatchTimedOut() from None
             self._rotate(index)
             raise retry.Transient(endpoint, f"Connection to etcd failed due to {exc!r}") from None

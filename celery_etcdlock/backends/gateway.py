@@ -285,13 +285,13 @@ class Gateway:
             answer = json.loads(data)
         except ValueError:
             answer = None
-        if isinstance(answer, dict) and isinstance(answer.get("code"), int):
-            self._answered[index] = True
-            return self.grpc_error(index, answer["code"], str(answer.get("message") or answer.get("error") or ""))
-        streamed = answer.get("error") if isinstance(answer, dict) else None  # a streaming call's (lease/keepalive)
-        if isinstance(streamed, dict) and isinstance(streamed.get("grpc_code"), int):
-            self._answered[index] = True
-            return self.grpc_error(index, streamed["grpc_code"], str(streamed.get("message") or ""))
+        if isinstance(answer, dict):
+            # a unary call's error is the answer itself; a streaming call's (lease/keepalive) sits in "error"
+            error = answer["error"] if isinstance(answer.get("error"), dict) else answer
+            code = error.get("code", error.get("grpc_code"))
+            if isinstance(code, int):
+                self._answered[index] = True
+                return self.grpc_error(index, code, str(error.get("message") or error.get("error") or ""))
         text = data.decode("utf-8", errors="replace")
         if status >= 500:
             self._rotate(index)

@@ -199,7 +199,7 @@ class Demo:
                 self._check_failover(observation)
             if self.recovery is None and elapsed >= self.plan.kill_worker_at:
                 self._kill_busy_worker(observation)
-            elif self.recovery is not None and "token_after" not in self.recovery:
+            elif self.recovery is not None and not self.recovered:
                 self._check_recovery(observation)
             if len(self.stack.etcd_members) > 1:
                 if self.etcd_kill is None and self._time_to_kill_etcd(elapsed):
@@ -325,6 +325,11 @@ class Demo:
             run.start,
         )
 
+    @property
+    def recovered(self) -> bool:
+        """The killed worker's lock was taken again, with a higher token."""
+        return self.recovery is not None and "token_after" in self.recovery
+
     def _time_to_kill_etcd(self, elapsed: float) -> bool:
         """Past kill_etcd_at, and the killed worker's lock has recovered (or is 10 s late).
 
@@ -333,8 +338,7 @@ class Demo:
         """
         if elapsed < self.plan.kill_etcd_at:
             return False
-        recovered = self.recovery is not None and "token_after" in self.recovery
-        return recovered or elapsed >= self.plan.kill_etcd_at + 10
+        return self.recovered or elapsed >= self.plan.kill_etcd_at + 10
 
     def _kill_etcd_leader(self) -> None:
         leader = self.stack.etcd_leader()
@@ -450,7 +454,7 @@ class Demo:
             (summary["doubles"] == 0, "doubles seen"),
             (not left, "processes left behind"),
             (bool(self.failover and "new_leader" in self.failover), "no beat fail-over seen"),
-            (bool(self.recovery and "token_after" in self.recovery), "no lock recovery seen"),
+            (self.recovered, "no lock recovery seen"),
             (len(summary["tasks"]) == 4 and all(t["runs"] > 0 for t in summary["tasks"].values()), "a task never ran"),
             (
                 len(self.stack.etcd_members) == 1 or _kept_going(summary["etcd_kill"]),
