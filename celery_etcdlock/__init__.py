@@ -18,6 +18,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from . import masking
 from .client import Client
 from .connect import connect
 from .election import Election, LeaderEvent
@@ -45,6 +46,9 @@ __version__ = "0.2.0"
 
 # A library logs; the application decides where it goes (Celery's workers and beat configure the root logger).
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# etcdlock_url's password stays out of app.bugreport() and conf.humanize(censored=True) (without importing Celery)
+masking.install()
 
 #: names of the Celery layer, imported on first use so that the primitives work without Celery
 _CELERY_LAYER = {

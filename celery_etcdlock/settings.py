@@ -25,10 +25,9 @@ A worker turns the metrics on at its start (``worker_init``, before its pool
 forks), a ``LeaderScheduler`` beat when it is created; see
 ``celery_etcdlock.metrics``. Without prometheus_client, nothing is imported.
 
-Importing this module also teaches Celery to mask the password of
-``etcdlock_url`` wherever it shows settings (``celery report``, ``celery
-inspect conf``), as it masks ``broker_url``: Celery hides only names with
-PASS, KEY or SECRET in them, and URLs of brokers and result backends.
+Importing the package teaches Celery to mask the password of ``etcdlock_url``
+wherever it shows settings (``celery report``, ``celery inspect conf``,
+``app.bugreport()``), as it masks ``broker_url``: see masking.py.
 """
 
 from __future__ import annotations
@@ -37,14 +36,12 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import signals
-from celery.app import utils as celery_app_utils
 
-from . import metrics
+from . import masking, metrics
 from .client import Client
 from .connect import connect
 from .errors import BackendUnavailable, InvalidUse
@@ -158,25 +155,9 @@ def client_for(app: Any, settings: Settings | None = None) -> Client:
         return client
 
 
-# -- keeping the password out of Celery's settings dumps ---------------------------------------
+# -- keeping the password out of Celery's settings dumps (masking.py; the package's import installs it too) --
 
-
-def _is_etcdlock_url(key: object) -> bool:
-    return isinstance(key, str) and "etcdlock_url" in key.lower()  # etcdlock_url, CELERY_ETCDLOCK_URL, ...
-
-
-def _mask_etcdlock_urls(filter_hidden_settings: Any) -> Any:
-    def filter_hidden_settings_and_etcdlock_urls(conf: Mapping[Any, Any]) -> dict[Any, Any]:
-        filtered = filter_hidden_settings(conf)
-        return {k: redact(v) if _is_etcdlock_url(k) and isinstance(v, str) else v for k, v in filtered.items()}
-
-    filter_hidden_settings_and_etcdlock_urls.masks_etcdlock_urls = True  # type: ignore[attr-defined]
-    return filter_hidden_settings_and_etcdlock_urls
-
-
-# Settings.table() (celery report, inspect conf, humanize) looks the filter up in its module at each call.
-if not getattr(celery_app_utils.filter_hidden_settings, "masks_etcdlock_urls", False):
-    celery_app_utils.filter_hidden_settings = _mask_etcdlock_urls(celery_app_utils.filter_hidden_settings)
+masking.install()
 
 
 # -- a beat without the leader scheduler ---------------------------------------------------------
@@ -184,7 +165,7 @@ if not getattr(celery_app_utils.filter_hidden_settings, "masks_etcdlock_urls", F
 
 def _uses_etcdlock(app: Any) -> bool:
     """Whether ``app`` is configured for celery_etcdlock or has tasks of ours (this package may just be installed)."""
-    if any(_is_etcdlock_url(key) for key in app.conf.without_defaults()):
+    if any(masking.is_etcdlock_url(key) for key in app.conf.without_defaults()):
         return True
     return any(getattr(type(task), "etcdlock_locked", False) for task in app.tasks.values())
 

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("primitives", {"mutex", "rwlock", "semaphore", "election"}),
     ("store", {"store"}),
     ("metrics", {"metrics"}),  # listens to observe; never imported by the primitives
-    ("celery", {"settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
+    ("celery", {"masking", "settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
     ("cli", {"cli", "testing"}),  # testing: the pytest plugin, above everything it tests
     ("package", {""}),  # __init__: the public names
 ]
