@@ -754,3 +754,43 @@ def test_one_leader_among_many_threads(any_client: Client) -> None:
         for election in elections:
             election.stop()
 
+
+# -- records under a prefix: listed and watched (runtime beat entries) -------------------------------
+
+
+def test_read_records_lists_a_prefix_at_one_revision(any_client: Client) -> None:
+    backend = any_client.backend
+    assert backend.read_records("records/listed").records == {}
+    a = backend.put_record("records/listed/a", {"n": 1}, expect=None)
+    b = backend.put_record("records/listed/deeper/b", {"n": 2}, expect=None)
+    backend.put_record("records/listed-not/c", {"n": 3}, expect=None)  # a sibling prefix, not under it
+    assert a is not None and b is not None
+    found = backend.read_records("records/listed")
+    assert {key: r.value for key, r in found.records.items()} == {
+        "records/listed/a": {"n": 1},
+        "records/listed/deeper/b": {"n": 2},
+    }
+    assert found.records["records/listed/a"].version == a.version
+    assert found.revision >= b.version
+    # a compare-and-swap on a listed version works, as on one read by get_record
+    assert backend.put_record("records/listed/a", {"n": 4}, expect=found.records["records/listed/a"]) is not None
+
+
+def test_watch_records_reports_puts_and_deletes_after_a_revision(any_client: Client) -> None:
+    backend = any_client.backend
+    start_revision = backend.read_records("records/watched").revision
+    assert backend.watch_records("records/watched", start_revision, 0.2) == WaitResult.TIMEOUT
+    # changes made before the watch starts are reported: it watches from the revision of the read
+    put = backend.put_record("records/watched/x", {"v": 1}, expect=None)
+    backend.put_record("records/elsewhere/y", {"v": 1}, expect=None)
+    assert put is not None
+    changes = backend.watch_records("records/watched", start_revision, 10)
+    assert isinstance(changes, list)
+    assert [(c.key, c.record.value if c.record else None) for c in changes] == [("records/watched/x", {"v": 1})]
+    assert changes[0].revision == put.version
+    got: list[Any] = []
+    waiter = start(lambda: got.append(backend.watch_records("records/watched", changes[-1].revision, 10)))
+    assert backend.delete_record("records/watched/x")
+    waiter.join(15)
+    [deleted] = got[0]
+    assert deleted.key == "records/watched/x" and deleted.record is None and deleted.revision > put.version

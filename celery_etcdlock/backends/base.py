@@ -92,6 +92,23 @@ class Record:
     ttl: float | None = None  # seconds left, for keys that expire (v3: one more request to ask the lease)
 
 
+@dataclass(frozen=True)
+class RecordSet:
+    """Every record under a key prefix, read at one revision (watch from ``revision + 1`` to miss nothing)."""
+
+    records: dict[str, Record]  # by key
+    revision: int
+
+
+@dataclass(frozen=True)
+class RecordChange:
+    """One change of a record under a watched prefix."""
+
+    key: str
+    record: Record | None  # None: deleted or expired
+    revision: int  # the revision of the change: watch again from revision + 1
+
+
 class WaitResult(enum.Enum):
     GONE = "gone"  # the watched entry was deleted or expired
     TIMEOUT = "timeout"  # nothing happened within the timeout; watch again from the same revision
@@ -291,6 +308,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def delete_record(self, key: str, expect: Record | None = None) -> bool:
         """Delete ``key`` (only if unchanged since ``expect``, when given). False if it was not."""
+
+    def read_records(self, prefix: str) -> RecordSet:
+        """Every record whose key starts with ``prefix`` + "/" (at any depth), and the revision of the read."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list records")
+
+    def watch_records(self, prefix: str, after_revision: int, timeout: float) -> list[RecordChange] | WaitResult:
+        """The changes of records under ``prefix`` + "/" after ``after_revision``, once there is one.
+
+        Blocks up to ``timeout`` seconds (then ``WaitResult.TIMEOUT``); ``WaitResult.STALE`` if
+        ``after_revision`` is too old to watch from (compacted; v2 keeps 1000 events): read again.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot watch records")
 
     # -- process life -------------------------------------------------------
 

@@ -40,6 +40,8 @@ from .base import (
     Entry,
     Lease,
     Record,
+    RecordChange,
+    RecordSet,
     Snapshot,
     WaitResult,
     decode_json,
@@ -491,6 +493,60 @@ class Etcd2Backend(Backend):
 
     def delete_record(self, key: str, expect: Record | None = None) -> bool:
         return self._delete(key, {"prevIndex": expect.version} if expect is not None else {})
+
+    def read_records(self, prefix: str) -> RecordSet:
+        """One recursive, linearizable read of the prefix's directory; its X-Etcd-Index is the revision."""
+
+        def read() -> RecordSet:
+            try:
+                body, index = self._request("GET", prefix, {"recursive": "true", "quorum": "true"})
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    return RecordSet({}, int(exc.payload.get("index", 0)))
+                raise
+            records: dict[str, Record] = {}
+            nodes = list(body["node"].get("nodes", ()))
+            while nodes:
+                node = nodes.pop()
+                if node.get("dir"):
+                    nodes.extend(node.get("nodes", ()))
+                else:
+                    record = self._record(node)
+                    records[record.key] = record
+            return RecordSet(records, index)
+
+        return self._retrying(f"read records {prefix}", read)
+
+    def watch_records(self, prefix: str, after_revision: int, timeout: float) -> list[RecordChange] | WaitResult:
+        """A recursive watch of the prefix's directory from ``after_revision + 1``: one event per answer (v2)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+
+        def poll() -> list[RecordChange] | WaitResult | int:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return WaitResult.TIMEOUT
+            params = {"wait": "true", "recursive": "true", "waitIndex": after_revision + 1}
+            try:
+                body, _ = self._request("GET", prefix, params, timeout=remaining)
+            except _WatchTimedOut:
+                return WaitResult.TIMEOUT
+            except _Failure as exc:
+                if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
+                    return WaitResult.STALE
+                raise
+            node = body["node"]
+            key, revision = self._relative(node["key"]), int(node["modifiedIndex"])
+            gone = body.get("action") in _GONE_ACTIONS
+            if node.get("dir"):
+                # a directory deleted takes its records with it, in one event: read again; one made: nothing
+                return WaitResult.STALE if gone else revision
+            return [RecordChange(key, None if gone else self._record(node), revision)]
+
+        while True:
+            changes = self._retrying(f"watch records {prefix}", poll)
+            if not isinstance(changes, int):
+                return changes
+            after_revision = changes  # a directory made: no record changed; watch on after it
 
     # -- process life -------------------------------------------------------
 

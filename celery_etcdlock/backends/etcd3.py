@@ -61,6 +61,8 @@ from .base import (
     Lease,
     LeaseExpired,
     Record,
+    RecordChange,
+    RecordSet,
     Snapshot,
     WaitResult,
     decode_json,
@@ -502,6 +504,51 @@ class Etcd3Backend(Backend):
         for lease_id in leases:  # put_record's lease of its own, which nothing else rides on
             self._forget_lease(int(lease_id))
         return deleted
+
+    def read_records(self, prefix: str) -> RecordSet:
+        """One range over the prefix (records with a ``ttl`` read as ``ttl=None`` here: no request per lease)."""
+        start = self._full(prefix) + "/"
+
+        def read() -> RecordSet:
+            answer = self.gateway.post("kv/range", {"key": b64(start), "range_end": prefix_end(start)})
+            records = {}
+            for kv in answer.get("kvs", []):
+                key = self._relative(unb64(kv["key"]))
+                records[key] = Record(key, decode_json(unb64(kv.get("value", ""))), int(kv["mod_revision"]))
+            return RecordSet(records, int(answer["header"]["revision"]))
+
+        return self._retrying(f"read records {prefix}", read)
+
+    def watch_records(self, prefix: str, after_revision: int, timeout: float) -> list[RecordChange] | WaitResult:
+        """One streaming watch of the prefix from ``after_revision + 1``, until its first events or the timeout."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        start = self._full(prefix) + "/"
+        request = {"key": b64(start), "range_end": prefix_end(start), "start_revision": str(after_revision + 1)}
+        watch = self.gateway.watch([request], deadline, f"records {prefix}")
+
+        def wait() -> list[RecordChange] | WaitResult:
+            if time.monotonic() >= deadline:
+                return WaitResult.TIMEOUT
+            try:
+                with closing(watch.results()) as results:
+                    for result in results:
+                        changes = [self._change(event) for event in result.get("events", ())]
+                        if changes:
+                            return changes
+            except WatchCancelled as exc:
+                logger.debug("watch of records %s ended (%s): reading again", prefix, exc)
+                return WaitResult.STALE
+            return WaitResult.TIMEOUT
+
+        # nothing is returned before the first events, so a watch cut before them starts again from the same revision
+        return self._retrying(f"watch records {prefix}", wait)
+
+    def _change(self, event: dict[str, Any]) -> RecordChange:
+        kv = event["kv"]
+        key, revision = self._relative(unb64(kv["key"])), int(kv["mod_revision"])
+        if event.get("type") == "DELETE":
+            return RecordChange(key, None, revision)
+        return RecordChange(key, Record(key, decode_json(unb64(kv.get("value", ""))), revision), revision)
 
     # -- process life -------------------------------------------------------
 

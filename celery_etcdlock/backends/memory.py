@@ -32,6 +32,7 @@ a real etcd (the ``etcd_server`` fixture of ``celery_etcdlock.testing``).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import random
@@ -48,6 +49,8 @@ from .base import (
     Lease,
     LeaseExpired,
     Record,
+    RecordChange,
+    RecordSet,
     Snapshot,
     WaitResult,
     decode_json,
@@ -117,6 +120,11 @@ class _Namespace:
         # lease ids as etcd's: not in order, so that nothing comes to rely on an order they do not have
         self.lease_ids = itertools.count(random.randrange(1 << 40, 1 << 60))
         self.nonces = itertools.count(random.randrange(1 << 32))  # the entry keys' nonces
+        # the latest changes, for watches of records from a past revision (etcd keeps its history until compacted)
+        self.history: collections.deque[tuple[int, str, _Key | None]] = collections.deque(maxlen=HISTORY)
+        self.forgotten = 0  # the revision of the latest change no longer in the history
+        self.changed = threading.Condition(self.lock)  # notified on every change while record_watches > 0
+        self.record_watches = 0
 
     def __enter__(self) -> _Namespace:
         """Hold the namespace, with what expired by now gone."""
@@ -166,7 +174,15 @@ class _Namespace:
         if expires_at is not None:
             self.expiring[key] = expires_at
             self.expires(expires_at)
+        self.remember(key, kv)
         return kv
+
+    def remember(self, key: str, kv: _Key | None) -> None:
+        if len(self.history) == self.history.maxlen:
+            self.forgotten = self.history[0][0]
+        self.history.append((self.revision, key, kv))
+        if self.record_watches:
+            self.changed.notify_all()
 
     def delete(self, kv: _Key) -> None:
         self.revision += 1
@@ -175,6 +191,7 @@ class _Namespace:
     def remove(self, kv: _Key) -> None:
         """Take ``kv`` away (at the current revision) and wake whoever waits for it."""
         self.unlink(kv)
+        self.remember(kv.key, None)
         for watch in self.watches.pop(kv.key, ()):
             watch.fired = True
             watch.condition.notify()
@@ -201,6 +218,10 @@ class _Namespace:
             self.revision += 1
             for key in list(lease.keys):
                 self.remove(self.keys[key])
+
+
+#: changes a namespace remembers for watches from a past revision (v2 keeps 1000 events)
+HISTORY = 1000
 
 
 def _created(kv: _Key) -> int:
@@ -450,6 +471,39 @@ class MemoryBackend(Backend):
                 return False
             store.delete(kv)
             return True
+
+    def read_records(self, prefix: str) -> RecordSet:
+        start = self._full(prefix) + "/"
+        with self._locked() as store:
+            now = clock.now()
+            records = {
+                (record := self._record(kv, now)).key: record for key, kv in store.keys.items() if key.startswith(start)
+            }
+            return RecordSet(records, store.revision)
+
+    def watch_records(self, prefix: str, after_revision: int, timeout: float) -> list[RecordChange] | WaitResult:
+        deadline = clock.now() + max(0.0, timeout)
+        start = self._full(prefix) + "/"
+        with self._locked() as store:
+            store.record_watches += 1
+            try:
+                while True:
+                    now = clock.now()
+                    store.expire(now)
+                    if after_revision < store.forgotten:
+                        return WaitResult.STALE
+                    changes = [
+                        RecordChange(self._relative(key), None if kv is None else self._record(kv, now), revision)
+                        for revision, key, kv in store.history
+                        if revision > after_revision and key.startswith(start)
+                    ]
+                    if changes:
+                        return changes
+                    if now >= deadline:
+                        return WaitResult.TIMEOUT
+                    store.changed.wait(min(deadline, store.next_expiry) - now)
+            finally:
+                store.record_watches -= 1
 
     # -- process life -------------------------------------------------------
 
