@@ -68,6 +68,7 @@ class _LeaderLock(QueueLock):
         observe.ACQUIRED: observe.ELECTED,
         observe.LOST: observe.DEPOSED,
         observe.RELEASED: observe.RESIGNED,
+        observe.CONFLICT: observe.STANDBY,  # a candidate that waits behind the leader: the metrics export 0
     }
 
     def _report(self, kind: str, **details: Any) -> None:

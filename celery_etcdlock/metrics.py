@@ -167,6 +167,7 @@ class _Metrics:
             observe.ELECTED: self._elected,
             observe.DEPOSED: self._deposed,
             observe.RESIGNED: self._resigned,
+            observe.STANDBY: self._standby,
             observe.BEAT_SENT: self._beat_sent,
             observe.RETRY: self._retry,
             observe.FAILED: self._failed,
@@ -238,6 +239,10 @@ class _Metrics:
     def _resigned(self, event: observe.Event) -> None:
         self.leader.labels(event.name).set(0)
         self.leadership_changes.labels(event.name, "resigned").inc()
+
+    def _standby(self, event: observe.Event) -> None:
+        # the series appears at 0 (a standby beat is not "no beat"); never set(0): an elected report may have raced it
+        self.leader.labels(event.name)
 
     def _beat_sent(self, event: observe.Event) -> None:
         self.beat_sent.labels(event.name, str(event.data.get("entry", ""))).inc()

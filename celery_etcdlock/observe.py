@@ -33,6 +33,7 @@ TIMED_OUT = "timed_out"  # an acquire waited ``seconds`` and gave up
 ELECTED = "elected"  # this process leads the election ``name``
 DEPOSED = "deposed"  # it stopped leading without resigning
 RESIGNED = "resigned"  # it stopped leading by resigning
+STANDBY = "standby"  # it campaigns while another candidate leads (``holders``: the leader)
 TASK_CONFLICT = "task_conflict"  # a task run found its lock held; ``data["on_conflict"]`` says what it does about it
 BEAT_SENT = "beat_sent"  # the beat leader sent the periodic task ``data["entry"]`` of beat ``name``
 RETRY = "retry"  # an etcd request failed transiently and is retried (``endpoint``, ``operation``)

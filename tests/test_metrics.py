@@ -136,6 +136,27 @@ def test_leadership_gauge_and_changes(client: Any, registry: CollectorRegistry) 
     assert "\ncelery_etcdlock_acquisitions_total{" not in exposition(registry)  # leading is not locking
 
 
+def test_a_standby_candidate_exports_leader_0(client: Any) -> None:
+    """Issue 24.15: a standby beat exported no celery_etcdlock_leader sample at all, though the docs say 0."""
+    name = f"standby-{uuid.uuid4().hex[:6]}"
+    metrics.disable()
+    leader = Election(client, name, identity="a", ttl=5)
+    assert leader.campaign(timeout=5)  # while the metrics are off: this process's gauge sees only the standby
+    registry = CollectorRegistry()
+    metrics.enable(registry=registry)
+    standby = Election(client, name, identity="b", ttl=5)
+    try:
+        standby.start()
+        wait_until(lambda: value(registry, "leader", election=name) is not None, 10, "the standby's sample")
+        assert value(registry, "leader", election=name) == 0
+        leader.resign()
+        wait_until(lambda: value(registry, "leader", election=name) == 1, 10, "the standby to lead")
+    finally:
+        standby.stop()
+        leader.resign()
+        metrics.disable()
+
+
 def test_a_leader_scheduler_turns_the_metrics_on_as_the_settings_say(etcd_url: str, redis_url: str) -> None:
     from celery_etcdlock.beat import LeaderScheduler
 
