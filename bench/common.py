@@ -263,7 +263,7 @@ def install_request_counting() -> None:
     _installed = True
     import urllib3.connectionpool
 
-    from celery_etcdlock.backends import transport
+    from celery_etcdlock.etcd import transport
 
     original_urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 OURS = "celery_etcdlock"
 _FRAME = re.compile(r"^(.*) \((.*):(\d+)\)$")
-_PROCESS = re.compile(r'^process (\d+):')
+_PROCESS = re.compile(r"^process (\d+):")
 _THREAD = re.compile(r"^thread \((?:0x)?[0-9a-fA-F]+\): ?(.*)$")
 
 
@@ -97,13 +97,13 @@ def short_path(file: str) -> str:
     """``file`` from its package down: "celery_etcdlock/queue.py", "json/encoder.py"."""
     parts = file.replace("\\", "/").split("/")
     if OURS in parts:
-        return "/".join(parts[parts.index(OURS):])
+        return "/".join(parts[parts.index(OURS) :])
     for marker in ("site-packages", "dist-packages"):
         if marker in parts:
-            return "/".join(parts[parts.index(marker) + 1:])
+            return "/".join(parts[parts.index(marker) + 1 :])
     for i, part in enumerate(parts):
         if re.fullmatch(r"python3\.\d+", part):
-            return "/".join(parts[i + 1:])
+            return "/".join(parts[i + 1 :])
     return "/".join(parts)
 
 

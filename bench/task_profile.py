@@ -29,7 +29,7 @@ from bench.pyspy import OURS, Frame, Profile, Sample
 
 RENEWER = "etcdlock-renewer"
 TRANSPORT = {"urllib3", "http", "socket", "ssl", "selectors"}
-TRANSPORT_MODULE = "backends/transport.py"  # our HTTP client: counted as the transport, not as our own code
+TRANSPORT_MODULE = "etcd/transport.py"  # our HTTP client: counted as the transport, not as our own code
 # innermost frames that are (mostly) a blocking socket or pipe call, or a wait: not the process's own CPU
 # (Connection._fill and Pool._exchange are our transport's recv and sendall)
 WAITS = {
@@ -85,12 +85,12 @@ def under_ours(sample: Sample) -> str | None:
 
     requests is split into its own code, the JSON it encodes and decodes, and
     the urllib3/http.client/socket work under it (the transport proper). Our
-    own transport (backends/transport.py) counts as the transport.
+    own transport (etcd/transport.py) counts as the transport.
     """
     deepest = max((i for i, f in enumerate(sample.frames) if _ours(f) and not _transport(f)), default=None)
     if deepest is None:
         return None
-    below = sample.frames[deepest + 1:]
+    below = sample.frames[deepest + 1 :]
     if not below:
         return "celery_etcdlock (own code)"
     callee = below[0].package
@@ -117,12 +117,16 @@ def _requests_above_urllib3(sample: Sample) -> bool:
 SUSPECTS: list[tuple[str, Callable[[Sample], bool]]] = [
     ("settings read (settings.py: Settings.from_app, client_for)", _on_stack(_in("settings.py"))),
     ("log calls from our code (logging; lines formatted and written when enabled)", _entered_from_ours("logging")),
-    ("a new lock object per call (Mutex/QueueLock.__init__)",
-     _on_stack(lambda f: _fn("mutex.py", "__init__")(f) or _fn("queue.py", "__init__")(f))),
+    (
+        "a new lock object per call (Mutex/QueueLock.__init__)",
+        _on_stack(lambda f: _fn("mutex.py", "__init__")(f) or _fn("queue.py", "__init__")(f)),
+    ),
     ("session lookup (Client.session)", _on_stack(_fn("client.py", "session"))),
     ("holder string per use (QueueLock.holder: gethostname, getpid)", _on_stack(_fn("queue.py", "holder"))),
-    ("waking the renewer (Session._schedule, on the task's thread)",
-     lambda s: not s.thread.startswith(RENEWER) and _on_stack(_fn("session.py", "_schedule"))(s)),
+    (
+        "waking the renewer (Session._schedule, on the task's thread)",
+        lambda s: not s.thread.startswith(RENEWER) and _on_stack(_fn("session.py", "_schedule"))(s),
+    ),
     ("the renewer thread itself (wake-ups, next_due, v2 tidy-up)", lambda s: s.thread.startswith(RENEWER)),
     ("requests above urllib3 (v3: sessions, adapters, hooks, its JSON)", _requests_above_urllib3),
     ("JSON encode/decode under our code (ours and requests')", _entered_from_ours("json")),
@@ -168,11 +172,33 @@ def render_samples(recordings: dict[str, Sampled], top: int = 12) -> str:
     rows = []
     for label, r in recordings.items():
         child, busy = r.child, r.busy
-        rows.append([label, r.tasks, child.total(), child.total() - busy.total(), busy.total(), r.kernel_child_ms,
-                     r.share(busy.count(lambda s: under_ours(s) is not None)),
-                     r.share(busy.count(lambda s: s.thread.startswith(RENEWER)))])
-    out.append(markdown_table(["variant", "tasks", "samples", "in socket calls and waits", "busy samples",
-                               "CPU ms/run (kernel)", "under celery_etcdlock", "renewer thread"], rows))
+        rows.append(
+            [
+                label,
+                r.tasks,
+                child.total(),
+                child.total() - busy.total(),
+                busy.total(),
+                r.kernel_child_ms,
+                r.share(busy.count(lambda s: under_ours(s) is not None)),
+                r.share(busy.count(lambda s: s.thread.startswith(RENEWER))),
+            ]
+        )
+    out.append(
+        markdown_table(
+            [
+                "variant",
+                "tasks",
+                "samples",
+                "in socket calls and waits",
+                "busy samples",
+                "CPU ms/run (kernel)",
+                "under celery_etcdlock",
+                "renewer thread",
+            ],
+            rows,
+        )
+    )
     out.append("")
     by_package = {label: r.busy.self_by(lambda f: f.package) for label, r in recordings.items()}
     totals: dict[str, int] = {}
@@ -182,8 +208,10 @@ def render_samples(recordings: dict[str, Sampled], top: int = 12) -> str:
     shown = sorted(totals, key=lambda package: -totals[package])[:top]
     out.append("#### Pool children's busy samples by package (self time): ≈ ms per run\n")
     rows = [[package] + [r.ms(by_package[label][package]) for label, r in recordings.items()] for package in shown]
-    rows.append(["(everything else)"] + [r.ms(sum(n for q, n in by_package[label].items() if q not in shown))
-                                         for label, r in recordings.items()])
+    rows.append(
+        ["(everything else)"]
+        + [r.ms(sum(n for q, n in by_package[label].items() if q not in shown)) for label, r in recordings.items()]
+    )
     out.append(markdown_table(["package", *recordings], rows))
     out.append("")
     for label, r in recordings.items():
@@ -239,8 +267,8 @@ CALLS: list[tuple[str, str, str, str | None]] = [
     ("Condition.notify from Session._schedule (a renewer woken)", "threading.py", "notify", f"{OURS}/session.py"),
     ("requests Session.request", "requests/sessions.py", "request", None),
     ("urllib3 HTTPConnectionPool.urlopen", "urllib3/connectionpool.py", "urlopen", None),
-    ("transport Pool.request (every HTTP request of ours)", "celery_etcdlock/backends/transport.py", "request", None),
-    ("transport Connection.read_head (one per answer)", "celery_etcdlock/backends/transport.py", "read_head", None),
+    ("transport Pool.request (every HTTP request of ours)", "celery_etcdlock/etcd/transport.py", "request", None),
+    ("transport Connection.read_head (one per answer)", "celery_etcdlock/etcd/transport.py", "read_head", None),
     ("json.dumps", "json/__init__.py", "dumps", None),
     ("json.loads", "json/__init__.py", "loads", None),
     ("base64.b64encode", "base64.py", "b64encode", None),
@@ -278,8 +306,10 @@ def render_calls(profiles: dict[str, tuple[pstats.Stats, int]]) -> str:
     rows = []
     for i, (what, *_) in enumerate(CALLS):
         rows.append([what] + [f"{columns[label][i][1]:.2f}" for label in profiles])
-    return "\n".join([
-        "#### Calls per run (cProfile in the pool children, exact counts)\n",
-        markdown_table(["function", *profiles], rows),
-        "",
-    ])
+    return "\n".join(
+        [
+            "#### Calls per run (cProfile in the pool children, exact counts)\n",
+            markdown_table(["function", *profiles], rows),
+            "",
+        ]
+    )

@@ -18,10 +18,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import masking
-from .client import Client
-from .connect import connect
-from .election import Election, LeaderEvent
+from . import _moved, masking
 from .errors import (
     AuthenticationFailed,
     BackendError,
@@ -35,14 +32,19 @@ from .errors import (
     UnsupportedPool,
     UnsupportedServer,
 )
-from .mutex import Mutex
-from .rwlock import RWLock
-from .semaphore import Semaphore
+from .locks.client import Client
+from .locks.connect import connect
+from .locks.election import Election, LeaderEvent
+from .locks.mutex import Mutex
+from .locks.rwlock import RWLock
+from .locks.semaphore import Semaphore
 
 if TYPE_CHECKING:
-    from .tasks import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
+    from .tasks.task import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 __version__ = "0.2.0"
+
+_moved.install()
 
 # A library logs; the application decides where it goes (Celery's workers and beat configure the root logger).
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -28,15 +28,15 @@ import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 from . import keys
-from .backends.base import Entry
-from .beat import STATE_KIND as BEAT_STATE_KIND
-from .client import Client
-from .connect import connect
+from .beat.scheduler import STATE_KIND as BEAT_STATE_KIND
 from .errors import EtcdLockError
+from .etcd.base import Entry
+from .locks.client import Client
+from .locks.connect import connect
+from .locks.queue import QueueState, read_state
+from .locks.store import DocumentStore
 from .options import DEFAULT_TIMEOUT
-from .queue import QueueState, read_state
 from .settings import Settings
-from .store import DocumentStore
 
 #: seconds an interactive command keeps trying etcd (a worker keeps trying for etcdlock_retry_max_delay)
 DEFAULT_CLI_TIMEOUT = 3.0
@@ -272,7 +272,6 @@ def _etcd_errors() -> Iterator[None]:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
 
-
 def _client(ctx: click.Context, timeout: float) -> Client:
     """A client of the app's settings, with an interactive retry budget: a command answers at once."""
     with _etcd_errors():
@@ -348,9 +347,7 @@ def _show(
 @json_option
 @timeout_option
 @click.pass_context
-def release(
-    ctx: click.Context, name: str, yes: bool, tokens: tuple[int, ...], as_json: bool, timeout: float
-) -> None:
+def release(ctx: click.Context, name: str, yes: bool, tokens: tuple[int, ...], as_json: bool, timeout: float) -> None:
     """Force-release the lock or semaphore NAME, whoever holds it (one slot's holder with --token).
 
     The holder learns at its next renewal that the lock is lost; the next

@@ -48,11 +48,11 @@ class Scheme:
 
 #: every URL scheme, and the backend each one builds (imported by ``connect()`` only when used)
 SCHEMES: dict[str, Scheme] = {
-    "etcd": Scheme("v2", False, "celery_etcdlock.backends.etcd2:Etcd2Backend"),
-    "etcds": Scheme("v2", True, "celery_etcdlock.backends.etcd2:Etcd2Backend"),
-    "etcd3": Scheme("v3", False, "celery_etcdlock.backends.etcd3:Etcd3Backend"),
-    "etcd3s": Scheme("v3", True, "celery_etcdlock.backends.etcd3:Etcd3Backend"),
-    "memory": Scheme("memory", False, "celery_etcdlock.backends.memory:MemoryBackend"),
+    "etcd": Scheme("v2", False, "celery_etcdlock.etcd.etcd2:Etcd2Backend"),
+    "etcds": Scheme("v2", True, "celery_etcdlock.etcd.etcd2:Etcd2Backend"),
+    "etcd3": Scheme("v3", False, "celery_etcdlock.etcd.etcd3:Etcd3Backend"),
+    "etcd3s": Scheme("v3", True, "celery_etcdlock.etcd.etcd3:Etcd3Backend"),
+    "memory": Scheme("memory", False, "celery_etcdlock.etcd.memory:MemoryBackend"),
 }
 _QUERY_OPTIONS = ("prefix", "timeout", "retry_max_delay", "ca", "cert", "key")
 _MEMORY_QUERY_OPTIONS = ("prefix", "timeout", "retry_max_delay")

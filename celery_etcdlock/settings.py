@@ -42,9 +42,9 @@ from typing import Any
 from celery import signals
 
 from . import masking, metrics
-from .client import Client
-from .connect import connect
 from .errors import BackendUnavailable, InvalidUse
+from .locks.client import Client
+from .locks.connect import connect
 from .options import DEFAULT_URL, check_seconds, check_ttl, redact
 
 DEFAULTS: dict[str, Any] = {

@@ -95,8 +95,8 @@ from urllib import request as urlrequest
 
 import pytest
 
-from .client import Client
-from .connect import connect
+from .locks.client import Client
+from .locks.connect import connect
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 60.0  # a loaded CI machine is slow to fsync and elect a leader

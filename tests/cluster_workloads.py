@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from celery_etcdlock import Election, EtcdLockError, Mutex, RWLock, connect, observe
-from celery_etcdlock.session import Flag
+from celery_etcdlock.locks.session import Flag
 
 
 class Stopping(Flag):

@@ -37,7 +37,7 @@ from celery import Celery
 from celery_etcdlock import Election, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
 from celery_etcdlock.cli import list_elections
-from celery_etcdlock.store import DocumentStore
+from celery_etcdlock.locks.store import DocumentStore
 from tests.support import EtcdServer, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from celery_etcdlock import Mutex, connect, retry
-from celery_etcdlock.backends.base import server_ttl
-from celery_etcdlock.dedupe import EnqueueMarkers
 from celery_etcdlock.errors import BackendError
+from celery_etcdlock.etcd.base import server_ttl
+from celery_etcdlock.tasks.dedupe import EnqueueMarkers
 from tests.support import EtcdCluster, partition_unsupported, wait_until
 from tests.support.cluster import ELECTION_MS
 

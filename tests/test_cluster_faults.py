@@ -44,9 +44,9 @@ from typing import Any
 import pytest
 
 from celery_etcdlock import connect
-from celery_etcdlock.backends.base import server_ttl
 from celery_etcdlock.beat import STATE_KIND
-from celery_etcdlock.store import DocumentStore
+from celery_etcdlock.etcd.base import server_ttl
+from celery_etcdlock.locks.store import DocumentStore
 from tests import taskapp
 from tests.procs import Proc
 from tests.support import EtcdCluster, RedisServer, partition_unsupported, wait_until

@@ -38,7 +38,7 @@ from celery.concurrency import get_implementation
 from celery.utils.imports import symbol_by_name
 
 from celery_etcdlock.beat import LeaderScheduler
-from celery_etcdlock.connect import parse_url
+from celery_etcdlock.locks.connect import parse_url
 from celery_etcdlock.options import DEFAULT_TIMEOUT
 from tests.support import etcd_binary, free_port
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from celery_etcdlock import Client, Election, InvalidUse, LeaderEvent, LimitMismatch, Mutex, NotHeld, RWLock, connect
-from celery_etcdlock.backends.base import Entry, LeaseExpired, WaitResult
+from celery_etcdlock.etcd.base import Entry, LeaseExpired, WaitResult
+from celery_etcdlock.etcd.retry import Transient
 from celery_etcdlock.keys import ELECTIONS, LOCKS, SEMAPHORES, encode_name, queue_key
-from celery_etcdlock.retry import Transient
-from celery_etcdlock.semaphore import Semaphore
+from celery_etcdlock.locks.semaphore import Semaphore
 from tests.support import wait_until
 
 BACKENDS = ("memory", "v2", "v3")

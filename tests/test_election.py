@@ -152,5 +152,3 @@ def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
         assert not any("EVENT deposed" in line for line in other.lines)
         # the other node leads throughout: the resumed one must never report leading
         assert not [line for line in old.lines if line.startswith("LEADING") and walls(line) >= resumed_at]
-
-

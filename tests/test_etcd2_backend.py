@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from celery_etcdlock import Mutex
-from celery_etcdlock.backends.base import WaitResult
-from celery_etcdlock.backends.etcd2 import Etcd2Backend
-from celery_etcdlock.connect import parse_url
 from celery_etcdlock.errors import BackendError, BackendUnavailable, UnsupportedServer
+from celery_etcdlock.etcd.base import WaitResult
+from celery_etcdlock.etcd.etcd2 import Etcd2Backend
 from celery_etcdlock.keys import LOCKS
+from celery_etcdlock.locks.connect import parse_url
 from tests.support import EtcdServer, wait_until
 
 
@@ -76,7 +76,7 @@ def test_watch_from_a_cleared_index_is_stale(client):
 @pytest.mark.parametrize("api", ["v2"])
 def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
     """More than 1000 events while a waiter waits: its next watch gets error 401 and it reads again."""
-    caplog.set_level(logging.DEBUG, logger="celery_etcdlock.queue")
+    caplog.set_level(logging.DEBUG, logger="celery_etcdlock.locks.queue")
     holder = Mutex(client, "cleared", ttl=1)
     holder.acquire()
     waiter = Mutex(client, "cleared", ttl=1)
@@ -135,7 +135,7 @@ def _make_noise(client, events: int) -> None:
 @pytest.mark.parametrize("api", ["v2"])
 def test_an_unused_queue_directory_is_removed(client):
     """v2 queues are directories, which outlive their last entry (v3 queues are key ranges)."""
-    from celery_etcdlock import session
+    from celery_etcdlock.locks import session
 
     with Mutex(client, "per-customer/42", ttl=5) as lock:
         queue = lock.queue

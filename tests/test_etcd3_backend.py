@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from celery_etcdlock import Mutex, connect, retry
-from celery_etcdlock.backends.base import Entry, Lease, LeaseExpired, WaitResult
-from celery_etcdlock.backends.etcd3 import Etcd3Backend, V3Lease
-from celery_etcdlock.connect import parse_url
+from celery_etcdlock.etcd.base import Entry, Lease, LeaseExpired, WaitResult
+from celery_etcdlock.etcd.etcd3 import Etcd3Backend, V3Lease
 from celery_etcdlock.keys import LOCKS, encode_name
+from celery_etcdlock.locks.connect import parse_url
 from tests.support import EtcdServer, free_port, wait_until
 
 from .test_gateway import count_requests

@@ -1,4 +1,4 @@
-"""The v3 backend's HTTP transport (backends/gateway.py) against real servers.
+"""The v3 backend's HTTP transport (etcd/gateway.py) against real servers.
 
 Real etcd 3.5 (and 3.4's v3 gateway where the two differ: error texts, auth),
 with auth, TLS and client certificates, without the JSON gateway, with short
@@ -25,13 +25,12 @@ from typing import Any
 
 import pytest
 
-from celery_etcdlock import retry
-from celery_etcdlock.backends import transport
-from celery_etcdlock.backends.base import Entry, WaitResult
-from celery_etcdlock.backends.etcd3 import Etcd3Backend
-from celery_etcdlock.backends.gateway import Failure, Gateway
-from celery_etcdlock.connect import parse_url
 from celery_etcdlock.errors import AuthenticationFailed, BackendError, BackendUnavailable, UnsupportedServer
+from celery_etcdlock.etcd import retry, transport
+from celery_etcdlock.etcd.base import Entry, WaitResult
+from celery_etcdlock.etcd.etcd3 import Etcd3Backend
+from celery_etcdlock.etcd.gateway import Failure, Gateway
+from celery_etcdlock.locks.connect import parse_url
 from tests.support import (
     APP_PASSWORD,
     APP_USER,
@@ -602,7 +601,7 @@ def test_grpc_errors_are_classified(code: int, message: str, kind: type[Exceptio
 def test_the_backends_import_no_http_client_library() -> None:
     """The transport is our own (transport.py): no requests, urllib3, http.client or python-etcd."""
     code = (
-        "import sys, celery_etcdlock.backends.etcd3, celery_etcdlock.backends.etcd2; "
+        "import sys, celery_etcdlock.etcd.etcd3, celery_etcdlock.etcd.etcd2; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'urllib3', 'etcd') "
         "or m == 'http.client'))"
     )

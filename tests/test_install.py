@@ -265,8 +265,7 @@ def test_a_worker_and_a_leader_beat_of_the_installed_package_run_tasks(
 
     # A singleton task sent from the venv runs on the worker, holding its lock in etcd.
     client = (
-        "import json, installapp; "
-        f"print('RESULT', json.dumps(installapp.report.delay().get(timeout={START_TIMEOUT})))"
+        f"import json, installapp; print('RESULT', json.dumps(installapp.report.delay().get(timeout={START_TIMEOUT})))"
     )
     sent = _run([venv.python, "-c", client], "sending installapp.report", env={**_environment(), **env}, cwd=app_dir)
     result = json.loads(sent.stdout.split("RESULT ", 1)[1])
@@ -291,7 +290,7 @@ def test_a_worker_and_a_leader_beat_of_the_installed_package_run_tasks(
 
 
 def test_the_installed_package_takes_a_mutex_on_each_etcd_api(venv: Venv, etcd_url: str, tmp_path: Path):
-    """Both etcd APIs work from a plain install: the package brings its own HTTP client (backends/transport.py)."""
+    """Both etcd APIs work from a plain install: the package brings its own HTTP client (etcd/transport.py)."""
     code = textwrap.dedent(
         """
         import os, celery_etcdlock

@@ -1,8 +1,10 @@
 """The package's layers run one way, and this test keeps it so.
 
 Each module of celery_etcdlock belongs to one layer below; a module may import
-modules of its own layer or of layers listed before it, never after. Only the
-Celery layer and above import Celery, and only ``backends/`` imports an HTTP
+modules of its own layer or of layers listed before it, never after. The folders
+(``etcd/``, ``locks/``, ``tasks/``, ``beat/``) are runs of layers, so a folder
+imports only the leaves and the folders below it; and the import graph has no cycle. Only the
+Celery layer and above import Celery, and only ``etcd/`` imports an HTTP
 or etcd client library. A new module must be given a layer here: the test
 fails until it is.
 """
@@ -19,26 +21,36 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("leaves", {"errors", "options", "keys", "clock", "observe"}),
+    ("leaves", {"errors", "options", "keys", "clock", "observe", "_moved"}),
     ("green", {"green"}),
-    ("retry", {"retry"}),
     (
-        "backends",
-        {"backends", "backends.base", "backends.etcd2", "backends.etcd3", "backends.gateway", "backends.memory",
-         "backends.native", "backends.transport"},
+        "etcd",
+        {
+            "etcd",
+            "etcd.retry",
+            "etcd.base",
+            "etcd.transport",
+            "etcd.native",
+            "etcd.gateway",
+            "etcd.etcd2",
+            "etcd.etcd3",
+            "etcd.memory",
+        },
     ),  # fmt: skip
-    ("session", {"session"}),
-    ("client", {"client", "connect"}),
-    ("queue", {"queue"}),
-    ("primitives", {"mutex", "rwlock", "semaphore", "election"}),
-    ("store", {"store"}),
+    ("locks.session", {"locks", "locks.session"}),
+    ("locks.client", {"locks.client", "locks.connect"}),
+    ("locks.queue", {"locks.queue"}),
+    ("locks.primitives", {"locks.mutex", "locks.rwlock", "locks.semaphore", "locks.election"}),
+    ("locks.store", {"locks.store"}),
     ("metrics", {"metrics"}),  # listens to observe; never imported by the primitives
-    ("celery", {"masking", "settings", "task_options", "dedupe", "signals", "tasks", "beat"}),
+    ("celery", {"masking", "settings", "signals"}),
+    ("tasks", {"tasks", "tasks.options", "tasks.dedupe", "tasks.task"}),
+    ("beat", {"beat", "beat.scheduler"}),
     ("cli", {"cli", "testing"}),  # testing: the pytest plugin, above everything it tests
     ("package", {""}),  # __init__: the public names
 ]
 CELERY_FROM = "celery"  # the first layer that may import Celery (and kombu)
-CLIENT_LIBRARIES = {"etcd", "urllib3", "requests", "etcd3gw", "grpc"}  # only backends/ speaks to etcd
+CLIENT_LIBRARIES = {"etcd", "urllib3", "requests", "etcd3gw", "grpc"}  # only etcd/ speaks to etcd
 
 
 def _module_name(path: Path) -> str:
@@ -88,17 +100,80 @@ def test_imports_run_one_way(module: str) -> None:
     layer = _layer_of(module)
     ours, theirs = _imports(MODULES[module], module)
     for target in ours:
-        if target not in MODULES:  # "from .backends import base" names a module inside a package
+        if target not in MODULES:  # "from .etcd import base" names a module inside a package
             continue
         assert _layer_of(target) <= layer, (
             f"{module} ({LAYERS[layer][0]} layer) imports {target} ({LAYERS[_layer_of(target)][0]} layer, above it)"
         )
     if layer < [name for name, _ in LAYERS].index(CELERY_FROM):
         assert not theirs & {"celery", "kombu", "billiard"}, f"{module} is below the Celery layer but imports Celery"
-    if not module.startswith("backends"):
-        assert not theirs & CLIENT_LIBRARIES, f"{module} imports an etcd/HTTP client library outside backends/"
+    if module.split(".")[0] != "etcd":
+        assert not theirs & CLIENT_LIBRARIES, f"{module} imports an etcd/HTTP client library outside etcd/"
     if LAYERS[layer][0] == "leaves":
         assert not [t for t in ours if t in MODULES], f"{module} is a leaf but imports {ours}"
+
+
+FOLDERS = sorted({module.split(".")[0] for module in MODULES if "." in module})
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_a_folder_is_one_run_of_layers(folder: str) -> None:
+    """No module outside the folder sits between two of its layers: the folder is one step of the stack."""
+    inside = {_layer_of(m) for m in MODULES if m.split(".")[0] == folder}
+    between = sorted(m for m in MODULES if m.split(".")[0] != folder and min(inside) < _layer_of(m) < max(inside))
+    assert not between, f"{between} sit between layers of {folder}/: move them, or the folder's modules"
+
+
+def test_the_modules_sit_in_folders() -> None:
+    """The backends, primitives and task classes live in folders; the top holds the leaves and entry points."""
+    top = sorted(m for m in MODULES if "." not in m and m not in FOLDERS and m)
+    assert top == sorted(["_moved", "cli", "clock", "errors", "green", "keys", "masking", "metrics", "observe",
+                          "options", "settings", "signals", "testing"]), top  # fmt: skip
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = {m: {t for t in _imports(MODULES[m], m)[0] if t in MODULES and t != m} for m in MODULES}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module not in done:
+            for target in sorted(graph[module]):
+                visit(target, [*path, module])
+            done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+OLD_PATHS = ["celery_etcdlock.session", "celery_etcdlock.mutex", "celery_etcdlock.backends.etcd3",
+             "celery_etcdlock.retry", "celery_etcdlock.task_options", "celery_etcdlock.dedupe"]  # fmt: skip
+
+
+def test_the_old_import_paths_still_work() -> None:
+    """0.2's module paths give the moved module itself (one copy of its state), with a DeprecationWarning."""
+    code = f"""
+import importlib, warnings
+from celery_etcdlock._moved import MOVED
+for old in {OLD_PATHS!r}:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    new = "celery_etcdlock." + MOVED[old.removeprefix("celery_etcdlock.")]
+    assert module is importlib.import_module(new), old
+    assert module.__spec__.name == new, (old, module.__spec__.name)
+    assert [w for w in caught if w.category is DeprecationWarning and new in str(w.message)], (old, caught)
+from celery_etcdlock.backends.etcd3 import Etcd3Backend
+from celery_etcdlock.etcd.etcd3 import Etcd3Backend as Same
+assert Etcd3Backend is Same
+from celery_etcdlock.beat import LeaderScheduler
+from celery_etcdlock.tasks import SingletonTask
+import celery_etcdlock.testing, celery_etcdlock.metrics, celery_etcdlock.signals
+print("OK")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "OK", done.stdout + done.stderr
 
 
 def test_every_layer_member_exists() -> None:

@@ -20,8 +20,8 @@ from celery._state import _set_task_join_will_block
 from celery_etcdlock import InvalidUse, Mutex, TaskLocked, connect
 from celery_etcdlock.beat import LeaderScheduler
 from celery_etcdlock.keys import LOCKS, queue_key
+from celery_etcdlock.locks.queue import read_state
 from celery_etcdlock.options import parse_url
-from celery_etcdlock.queue import read_state
 from celery_etcdlock.settings import client_for
 from celery_etcdlock.tasks import limited_task, rwlock_task, singleton_task
 from tests.procs import REPO_ROOT, Proc

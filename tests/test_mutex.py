@@ -21,7 +21,7 @@ def test_something_else_than_a_client_is_named(make):
 
 
 def test_a_hung_renewal_of_one_session_does_not_delay_another_sessions(client, monkeypatch):
-    from celery_etcdlock.retry import Transient
+    from celery_etcdlock.etcd.retry import Transient
 
     long = Mutex(client, "long", ttl=9)  # renewed every 8/3 s
     assert long.acquire(timeout=5)
@@ -54,7 +54,7 @@ def test_a_hung_renewal_of_one_session_does_not_delay_another_sessions(client, m
 
 
 def test_a_renewer_that_could_not_start_is_started_by_the_next_acquire(etcd_url, monkeypatch):
-    from celery_etcdlock import session as sessions
+    from celery_etcdlock.locks import session as sessions
 
     class FailsOnce(threading.Thread):
         failed = False
@@ -324,7 +324,7 @@ def test_deadlines_run_on_a_clock_that_counts_suspended_time(client):
 def test_a_lock_lost_just_before_its_release_is_reported_lost_once(client, monkeypatch):
     """Released after its deadline passed but before the renewer said so: one LOST report, no RELEASED."""
     from celery_etcdlock import observe
-    from celery_etcdlock.retry import Transient
+    from celery_etcdlock.etcd.retry import Transient
 
     seen: list[observe.Event] = []
     observe.subscribe(seen.append)

@@ -36,7 +36,7 @@ def test_answer_is_not_retried():
 
 
 def test_transient_failure_is_logged_and_retried(caplog):
-    caplog.set_level(logging.WARNING, logger="celery_etcdlock.retry")
+    caplog.set_level(logging.WARNING, logger="celery_etcdlock.etcd.retry")
     calls = []
 
     def fn() -> str:
@@ -52,9 +52,9 @@ def test_transient_failure_is_logged_and_retried(caplog):
 
 
 def test_retry_warnings_are_throttled_per_endpoint_and_the_give_up_is_logged(caplog, monkeypatch):
-    caplog.set_level(logging.WARNING, logger="celery_etcdlock.retry")
+    caplog.set_level(logging.WARNING, logger="celery_etcdlock.etcd.retry")
     monkeypatch.setattr(retry, "LOG_EVERY", 0.3)
-    monkeypatch.setattr(retry, "backoff", __import__('tenacity').wait_fixed(0.01))
+    monkeypatch.setattr(retry, "backoff", __import__("tenacity").wait_fixed(0.01))
     calls = []
 
     def fn() -> None:

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_etcdlock import Mutex, connect
-from celery_etcdlock.connect import parse_url
+from celery_etcdlock.locks.connect import parse_url
 from tests.procs import Proc, ProcFailed
 from tests.support import (
     APP_PASSWORD,

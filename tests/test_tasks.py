@@ -413,7 +413,7 @@ def paired(pair: Any) -> Any:
 
 def test_dedupe_marker_is_named_as_the_worker_will_name_the_lock(broker: str, etcd: Any) -> None:
     """A tuple argument arrives as a list (JSON): the marker must carry the run's lock name."""
-    from celery_etcdlock.dedupe import EnqueueMarkers
+    from celery_etcdlock.tasks.dedupe import EnqueueMarkers
 
     sent = paired.apply_async(((1, 2),), queue=f"nobody-{uuid.uuid4().hex}")
     as_run = paired.lock_name_for(([1, 2],), {})
@@ -744,6 +744,7 @@ def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: 
 
     signals.task_skipped.connect(on_skipped)
     assert signals._events["enabled"], "the worker, started with task events on (-E), did not turn ours on"
+
     def listen() -> None:
         with app.connection_for_read() as connection:
             receiver = app.events.Receiver(connection, handlers={"*": received.append})

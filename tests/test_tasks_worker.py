@@ -30,7 +30,6 @@ from tests.support import RedisServer, wait_until
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 
 
-
 class Worker:
     """A real ``celery worker`` process and what a test needs to observe it."""
 

@@ -194,4 +194,3 @@ def test_the_plugin_imports_without_pytest_celery_and_without_our_tests() -> Non
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert done.stdout.strip() == "['etcd_server', 'etcdlock_client', 'etcdlock_memory_client']", done.stderr
-

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 client under both backends (backends/transport.py), against scripted servers.
+"""The HTTP/1.1 client under both backends (etcd/transport.py), against scripted servers.
 
 What the backends' tests against etcd cannot make happen on demand: a server
 that closes an idle kept-alive connection, one that hangs up after reading a
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from celery_etcdlock.backends import native, transport
-from celery_etcdlock.backends.transport import Pool
-from celery_etcdlock.connect import parse_url
+from celery_etcdlock.etcd import native, transport
+from celery_etcdlock.etcd.transport import Pool
+from celery_etcdlock.locks.connect import parse_url
 from tests.support import wait_until
 from tests.support.tls import make_certificates
 
@@ -162,9 +162,9 @@ def test_a_chunked_stream_ends_at_its_deadline_and_its_connection_is_closed() ->
     def stream(conn: socket.socket, number: int, next_request: Callable[[], bytes]) -> None:
         next_request()
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        conn.sendall(b"5\r\n{\"a\":\r\n")  # a message in two chunks
+        conn.sendall(b'5\r\n{"a":\r\n')  # a message in two chunks
         conn.sendall(b"3\r\n1}\n\r\n")
-        conn.sendall(b"10\r\n{\"b\":2}\n{\"c\":3}\n\r\n")
+        conn.sendall(b'10\r\n{"b":2}\n{"c":3}\n\r\n')
         next_request()  # then nothing more, until the client hangs up
 
     with scripted(stream) as (server, pool):

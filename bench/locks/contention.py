@@ -32,7 +32,7 @@ PEER_OF = {"ours-v2": "etcd.Lock", "ours-v3": "tooz-etcd3gw", "ours-v3-3.4": "to
 COUNTERS = {
     "v2": "etcd 3.4 v2: `etcd_server_proposals_committed_total`, requests = `etcd_http_received_total`",
     "v3": "etcd 3.5 v3: `etcd_server_proposals_committed_total`, requests = `grpc_server_msg_received_total` "
-          "(the JSON gateway forwards each HTTP call as one gRPC message)",
+    "(the JSON gateway forwards each HTTP call as one gRPC message)",
     "redis": "redis: requests = `total_commands_processed` from INFO",
 }
 
@@ -82,13 +82,17 @@ def run(h: Harness) -> None:
                 counter = h.new_counter()
                 name = f"contend-{kind}-{n}-{round_no}-{uuid.uuid4().hex[:6]}"
                 kwargs = dict(kind=kind, ports=h.ports, name=name, counter=counter, ttl=s.contention_ttl)
-                one = h.timed_run(KINDS[kind].server, f"{__name__}:task_contend", [kwargs] * n,
-                                  s.contention_seconds, counter)
+                one = h.timed_run(
+                    KINDS[kind].server, f"{__name__}:task_contend", [kwargs] * n, s.contention_seconds, counter
+                )
                 runs[kind][n].append(one)
                 lost = one["total"] - one["counter"]
-                print(f"contention round {round_no + 1} {kind:13} x{n:<2}: {one['total']:6} handoffs "
-                      f"{one['total'] / one['seconds']:7.1f}/s lost={lost} overlaps={one['overlaps']}"
-                      f"{' BROKEN: ' + str(len(one['broken'])) if one['broken'] else ''}", flush=True)
+                print(
+                    f"contention round {round_no + 1} {kind:13} x{n:<2}: {one['total']:6} handoffs "
+                    f"{one['total'] / one['seconds']:7.1f}/s lost={lost} overlaps={one['overlaps']}"
+                    f"{' BROKEN: ' + str(len(one['broken'])) if one['broken'] else ''}",
+                    flush=True,
+                )
     h.results["contention"] = {k: {str(n): merge_runs(r) for n, r in by_n.items()} for k, by_n in runs.items()}
 
 
@@ -99,15 +103,39 @@ def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
         peer = PEER_OF.get(kind)
         for n, r in by_n.items():
             peer_rate = con.get(peer, {}).get(n, {}).get("per_second") if peer else None
-            rows.append([LABELS[kind], n, r["per_second"], ratio(r["per_second"], peer_rate) if peer else None,
-                         r["lost"], r["overlaps"], f"{r['fairness']:.2f} ({r['per_proc_min']}/{r['per_proc_max']})",
-                         r["proposals_per_op"], r["requests_per_op"], r["client_requests_per_op"],
-                         len(r["broken"]) or ""])
+            rows.append(
+                [
+                    LABELS[kind],
+                    n,
+                    r["per_second"],
+                    ratio(r["per_second"], peer_rate) if peer else None,
+                    r["lost"],
+                    r["overlaps"],
+                    f"{r['fairness']:.2f} ({r['per_proc_min']}/{r['per_proc_max']})",
+                    r["proposals_per_op"],
+                    r["requests_per_op"],
+                    r["client_requests_per_op"],
+                    len(r["broken"]) or "",
+                ]
+            )
     return [
         f"### Contention: acquire / read-modify-write a file counter / release, "
         f"{s['contention_rounds']} x {s['contention_seconds']} s per cell, ttl {s['contention_ttl']:.0f}\n",
-        markdown_table(["lock", "procs", "handoffs/s", "ours / peer", "lost updates", "overlaps",
-                        "fairness min/max", "proposals / handoff", "server requests / handoff",
-                        "client requests / handoff", "hung"], rows),
+        markdown_table(
+            [
+                "lock",
+                "procs",
+                "handoffs/s",
+                "ours / peer",
+                "lost updates",
+                "overlaps",
+                "fairness min/max",
+                "proposals / handoff",
+                "server requests / handoff",
+                "client requests / handoff",
+                "hung",
+            ],
+            rows,
+        ),
         "\nCounters: " + "; ".join(COUNTERS.values()) + ".\n",
     ]

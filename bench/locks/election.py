@@ -84,11 +84,13 @@ def run(h: Harness) -> None:
     out: dict[str, dict[str, Any]] = {}
     threads = []
     for i, kind in enumerate(kinds):
+
         def one(i: int = i, kind: str = kind) -> None:
             try:
                 out[kind] = _trials(h, kind, list(range(3 * i, 3 * i + 3)))
             except Exception:  # noqa: BLE001 - reported in the results
                 out[kind] = {"error": traceback.format_exc()}
+
         threads.append(threading.Thread(target=one))
     for t in threads:
         t.start()
@@ -98,8 +100,11 @@ def run(h: Harness) -> None:
         if "error" in data:
             print(f"election {kind}: ERROR\n{data['error']}", flush=True)
         else:
-            print(f"election {kind:10}: resign -> {', '.join(f'{x * 1000:.0f} ms' for x in data['resign'])}; "
-                  f"SIGKILL -> {', '.join(f'{x:.2f} s' for x in data['kill'])}", flush=True)
+            print(
+                f"election {kind:10}: resign -> {', '.join(f'{x * 1000:.0f} ms' for x in data['resign'])}; "
+                f"SIGKILL -> {', '.join(f'{x:.2f} s' for x in data['kill'])}",
+                flush=True,
+            )
     h.results["election"] = {kind: out[kind] for kind in kinds}  # in a fixed order, not the order they finished
 
 
@@ -117,8 +122,15 @@ def _trials(h: Harness, kind: str, indexes: list[int]) -> dict:
 
     def start_candidate(index: int) -> None:
         campaigning.discard(index)
-        pool[index].wait_ready().run(f"{__name__}:task_candidate", kind=kind, ports=h.ports,
-                                     name=name, identity=f"cand-{next(serial)}", ttl=ttl, poll=s.tooz_poll)
+        pool[index].wait_ready().run(
+            f"{__name__}:task_candidate",
+            kind=kind,
+            ports=h.ports,
+            name=name,
+            identity=f"cand-{next(serial)}",
+            ttl=ttl,
+            poll=s.tooz_poll,
+        )
 
     def next_elected(timeout: float) -> tuple[int, float]:
         deadline = time.monotonic() + timeout
@@ -180,8 +192,9 @@ def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
         if "error" in r:
             rows.append([LABELS[kind], "error", "error"])
             continue
-        rows.append([LABELS[kind], ", ".join(f"{x * 1000:.0f}" for x in r["resign"]),
-                     ", ".join(f"{x:.2f}" for x in r["kill"])])
+        rows.append(
+            [LABELS[kind], ", ".join(f"{x * 1000:.0f}" for x in r["resign"]), ", ".join(f"{x:.2f}" for x in r["kill"])]
+        )
     return [
         f"### Election fail-over, 3 candidates, ttl {s['failover_ttl']:.0f}\n",
         markdown_table(["election", "resign() -> new leader, ms", "SIGKILL after renewal -> new leader, s"], rows),

@@ -74,17 +74,23 @@ def run(h: Harness) -> None:
             "client_requests_per_second": client["client_requests"] / client["window"],
             "metric": metric,
         }
-        print(f"hold {s.hold_count} {kind:13}: {out[kind]['keepalive_per_second']:.1f} keep-alive requests/s "
-              f"(acquiring took {acquire_seconds:.1f} s)", flush=True)
+        print(
+            f"hold {s.hold_count} {kind:13}: {out[kind]['keepalive_per_second']:.1f} keep-alive requests/s "
+            f"(acquiring took {acquire_seconds:.1f} s)",
+            flush=True,
+        )
     h.results["hold"] = out
 
 
 def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
-    rows = [[LABELS[k], r["keepalive_per_second"], r["requests_per_second"], r["client_requests_per_second"],
-             r["metric"]] for k, r in results["hold"].items()]
+    rows = [
+        [LABELS[k], r["keepalive_per_second"], r["requests_per_second"], r["client_requests_per_second"], r["metric"]]
+        for k, r in results["hold"].items()
+    ]
     return [
         f"### {s['hold_count']} locks held with ttl {s['hold_ttl']:.0f} for {s['hold_window']:.0f} s\n",
-        markdown_table(["lock", "keep-alive requests/s", "all server requests/s", "client requests/s",
-                        "keep-alive counter"], rows),
+        markdown_table(
+            ["lock", "keep-alive requests/s", "all server requests/s", "client requests/s", "keep-alive counter"], rows
+        ),
         "",
     ]

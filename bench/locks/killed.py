@@ -57,11 +57,13 @@ def run(h: Harness) -> None:
     for trial in range(s.killed_trials):
         threads = []
         for i, kind in enumerate(kinds):
+
             def one(i: int = i, kind: str = kind, trial: int = trial) -> None:
                 try:
                     out[kind].append(_trial(h, kind, 2 * i, 2 * i + 1, trial))
                 except Exception:  # noqa: BLE001 - reported in the results
                     out[kind].append({"error": traceback.format_exc()})
+
             threads.append(threading.Thread(target=one))
         for t in threads:
             t.start()
@@ -69,10 +71,12 @@ def run(h: Harness) -> None:
             t.join()
         for kind in kinds:
             last = out[kind][-1]
-            print(f"killed holder trial {trial + 1} {kind:13}: "
-                  f"{fmt(last.get('after_kill'))} s after kill, "
-                  f"{fmt(last.get('after_renewal'))} s after last renewal{' ERROR' if 'error' in last else ''}",
-                  flush=True)
+            print(
+                f"killed holder trial {trial + 1} {kind:13}: "
+                f"{fmt(last.get('after_kill'))} s after kill, "
+                f"{fmt(last.get('after_renewal'))} s after last renewal{' ERROR' if 'error' in last else ''}",
+                flush=True,
+            )
     h.results["killed"] = out
 
 
@@ -103,9 +107,14 @@ def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
     rows = []
     for kind, trials in results["killed"].items():
         good = [t for t in trials if "error" not in t]
-        rows.append([LABELS[kind], ", ".join(f"{t['after_kill']:.2f}" for t in good) or "error",
-                     ", ".join(f"{t['after_renewal']:.2f}" for t in good) or "error",
-                     "yes" if good and good[0]["renews"] else "no (killed right after acquiring)"])
+        rows.append(
+            [
+                LABELS[kind],
+                ", ".join(f"{t['after_kill']:.2f}" for t in good) or "error",
+                ", ".join(f"{t['after_renewal']:.2f}" for t in good) or "error",
+                "yes" if good and good[0]["renews"] else "no (killed right after acquiring)",
+            ]
+        )
     return [
         f"### Holder SIGKILLed right after a renewal (ttl {s['failover_ttl']:.0f}): a queued waiter acquires after\n",
         markdown_table(["lock", "s after the kill", "s after its last renewal", "renews while held"], rows),

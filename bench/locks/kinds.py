@@ -77,9 +77,9 @@ def ours_available(api: str) -> str | None:
         for name in ("Mutex", "RWLock", "Election"):
             getattr(celery_etcdlock, name)
         if api == "v2":
-            import celery_etcdlock.backends.etcd2  # noqa: F401
+            import celery_etcdlock.etcd.etcd2  # noqa: F401
         else:
-            import celery_etcdlock.backends.etcd3  # noqa: F401
+            import celery_etcdlock.etcd.etcd3  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any reason is reported, not raised
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -266,8 +266,9 @@ class RawV2(Impl):
 
     def lock(self, name: str) -> Any:
         ttl = int(self.ttl)  # python-etcd raises EtcdAlreadyExist if the key exists
-        return FloorHandle(lambda key: self.client.write(key, "x", ttl=ttl, prevExist=False), self.client.delete,
-                           f"/floor/{name}")
+        return FloorHandle(
+            lambda key: self.client.write(key, "x", ttl=ttl, prevExist=False), self.client.delete, f"/floor/{name}"
+        )
 
 
 class RawV3(Impl):
@@ -294,8 +295,7 @@ class RawRedis(Impl):
 
     def lock(self, name: str) -> Any:
         ttl = int(self.ttl)
-        return FloorHandle(lambda key: self.client.set(key, "x", nx=True, ex=ttl), self.client.delete,
-                           f"floor:{name}")
+        return FloorHandle(lambda key: self.client.set(key, "x", nx=True, ex=ttl), self.client.delete, f"floor:{name}")
 
     def close(self) -> None:
         self.client.close()

@@ -24,8 +24,17 @@ from bench.locks.harness import Harness, merge_runs, read_counter, timed_phases,
 from bench.locks.kinds import connect_ours
 
 
-def task_rw_mix(api: str, ports: dict[str, int], mode: str, name: str, counter: str, ttl: float,
-                read_share: float, work: float, seed: int) -> None:
+def task_rw_mix(
+    api: str,
+    ports: dict[str, int],
+    mode: str,
+    name: str,
+    counter: str,
+    ttl: float,
+    read_share: float,
+    work: float,
+    seed: int,
+) -> None:
     """Reads and writes at random (``read_share`` reads) under ``mode``: "rwlock" or "mutex"."""
 
     def setup() -> tuple[Any, Any, int]:
@@ -34,11 +43,14 @@ def task_rw_mix(api: str, ports: dict[str, int], mode: str, name: str, counter: 
         client = connect_ours(api, ports)
         rw = RWLock(client, name, ttl=ttl)
         if mode == "rwlock":
+
             def factory(reading: bool) -> Any:
                 return rw.read() if reading else rw.write()
         else:
+
             def factory(reading: bool) -> Any:
                 return Mutex(client, name, ttl=ttl)
+
         warm = Mutex(client, f"warmup-{os.getpid()}", ttl=ttl)
         warm.acquire()
         warm.release()
@@ -92,14 +104,28 @@ def run(h: Harness) -> None:
                 for mode in ("rwlock", "mutex"):
                     counter = h.new_counter()
                     name = f"rw-{mode}-{n}-{uuid.uuid4().hex[:6]}"
-                    kwargs_list = [dict(api=api, ports=h.ports, mode=mode, name=name, counter=counter,
-                                        ttl=s.contention_ttl, read_share=s.rw_read_share, work=work, seed=i)
-                                   for i in range(n)]
+                    kwargs_list = [
+                        dict(
+                            api=api,
+                            ports=h.ports,
+                            mode=mode,
+                            name=name,
+                            counter=counter,
+                            ttl=s.contention_ttl,
+                            read_share=s.rw_read_share,
+                            work=work,
+                            seed=i,
+                        )
+                        for i in range(n)
+                    ]
                     one = h.timed_run(api, f"{__name__}:task_rw_mix", kwargs_list, s.rw_seconds, counter)
                     merged = merge_runs([one])
                     out.setdefault(f"{mode}-{api}-{work * 1000:.0f}", {})[str(n)] = merged
-                    print(f"rwlock {mode:6} {api} {work * 1000:.0f} ms x{n:<2}: {merged['per_second']:7.1f} ops/s "
-                          f"lost={merged['lost']} overlaps={merged['overlaps']}", flush=True)
+                    print(
+                        f"rwlock {mode:6} {api} {work * 1000:.0f} ms x{n:<2}: {merged['per_second']:7.1f} ops/s "
+                        f"lost={merged['lost']} overlaps={merged['overlaps']}",
+                        flush=True,
+                    )
     h.results["rwlock"] = out
 
 
@@ -110,13 +136,35 @@ def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
         mode, api, work = key.split("-")
         for n, r in by_n.items():
             mutex = rw.get(f"mutex-{api}-{work}", {}).get(n, {}).get("per_second")
-            rows.append([f"{'RWLock' if mode == 'rwlock' else 'Mutex'} {api}", f"{work} ms", n, r["per_second"],
-                         ratio(r["per_second"], mutex) if mode == "rwlock" else None, r["lost"], r["overlaps"],
-                         r["proposals_per_op"], r["requests_per_op"]])
+            rows.append(
+                [
+                    f"{'RWLock' if mode == 'rwlock' else 'Mutex'} {api}",
+                    f"{work} ms",
+                    n,
+                    r["per_second"],
+                    ratio(r["per_second"], mutex) if mode == "rwlock" else None,
+                    r["lost"],
+                    r["overlaps"],
+                    r["proposals_per_op"],
+                    r["requests_per_op"],
+                ]
+            )
     return [
         f"### RW lock, {s['rw_read_share'] * 100:.0f}/{100 - s['rw_read_share'] * 100:.0f} reads/writes, "
         f"{s['rw_seconds']} s per cell, against Mutex doing the same work\n",
-        markdown_table(["lock", "work", "procs", "acquisitions/s", "RWLock / Mutex", "lost updates",
-                        "exclusion violations", "proposals / acquisition", "requests / acquisition"], rows),
+        markdown_table(
+            [
+                "lock",
+                "work",
+                "procs",
+                "acquisitions/s",
+                "RWLock / Mutex",
+                "lost updates",
+                "exclusion violations",
+                "proposals / acquisition",
+                "requests / acquisition",
+            ],
+            rows,
+        ),
         "",
     ]

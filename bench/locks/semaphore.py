@@ -72,8 +72,11 @@ def run(h: Harness) -> None:
                 one = h.timed_run(api, f"{__name__}:task_slots", [kwargs] * n, s.semaphore_seconds, h.new_counter())
                 merged = merge_runs([one])
                 out.setdefault(f"{limit}-{api}", {})[str(n)] = merged
-                print(f"semaphore limit {limit} {api} x{n:<2}: {merged['per_second']:7.1f} acquisitions/s "
-                      f"over-admissions={merged['overlaps']}", flush=True)
+                print(
+                    f"semaphore limit {limit} {api} x{n:<2}: {merged['per_second']:7.1f} acquisitions/s "
+                    f"over-admissions={merged['overlaps']}",
+                    flush=True,
+                )
     h.results["semaphore"] = out
 
 
@@ -84,14 +87,33 @@ def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
         limit, api = key.split("-")
         for n, r in by_n.items():
             mutex = sem.get(f"1-{api}", {}).get(n, {}).get("per_second")
-            rows.append([f"{'Semaphore of ' + limit if limit != '1' else 'Mutex'} {api}", n, r["per_second"],
-                         ratio(r["per_second"], mutex) if limit != "1" else None, r["overlaps"],
-                         f"{r['fairness']:.2f} ({r['per_proc_min']}/{r['per_proc_max']})",
-                         r["proposals_per_op"], r["requests_per_op"]])
+            rows.append(
+                [
+                    f"{'Semaphore of ' + limit if limit != '1' else 'Mutex'} {api}",
+                    n,
+                    r["per_second"],
+                    ratio(r["per_second"], mutex) if limit != "1" else None,
+                    r["overlaps"],
+                    f"{r['fairness']:.2f} ({r['per_proc_min']}/{r['per_proc_max']})",
+                    r["proposals_per_op"],
+                    r["requests_per_op"],
+                ]
+            )
     return [
         f"### Semaphore of {LIMIT} against a Mutex, {s['semaphore_work'] * 1000:.0f} ms of work under the lock, "
         f"{s['semaphore_seconds']} s per cell\n",
-        markdown_table(["lock", "procs", "acquisitions/s", "semaphore / Mutex", "over-admissions",
-                        "fairness min/max", "proposals / acquisition", "requests / acquisition"], rows),
+        markdown_table(
+            [
+                "lock",
+                "procs",
+                "acquisitions/s",
+                "semaphore / Mutex",
+                "over-admissions",
+                "fairness min/max",
+                "proposals / acquisition",
+                "requests / acquisition",
+            ],
+            rows,
+        ),
         "",
     ]

@@ -1,6 +1,6 @@
 """The targets a full lock benchmark run is held to, checked against its results.
 
-    rows = check(results)      # [[target, measured, met], ...] for what the run measured
+rows = check(results)      # [[target, measured, met], ...] for what the run measured
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ def check(results: dict) -> list[list[Any]]:
             rows.append([f"v2 proposals per handoff at {n} procs <= 2.1", f"{p:.2f}", p <= 2.1])
         if small:
             drift = abs(p / small["proposals_per_op"] - 1)
-            rows.append([f"{api} proposals per handoff at {n} procs within 10% of 2 procs",
-                         f"{p:.2f} vs {small['proposals_per_op']:.2f} ({drift * 100:.0f}%)", drift <= 0.10])
+            rows.append(
+                [
+                    f"{api} proposals per handoff at {n} procs within 10% of 2 procs",
+                    f"{p:.2f} vs {small['proposals_per_op']:.2f} ({drift * 100:.0f}%)",
+                    drift <= 0.10,
+                ]
+            )
         peer_rate = con.get(peer, {}).get(n, {}).get("per_second")
         if peer_rate:
             r = ratio(big["per_second"], peer_rate)
@@ -71,9 +76,13 @@ def check(results: dict) -> list[list[Any]]:
             if len(rwl) > 1:
                 values = [rwl[n]["requests_per_op"] for n in sorted(rwl, key=int)]
                 spread = max(values) / min(values) - 1
-                rows.append([f"{api} RWLock requests per acquisition constant over {', '.join(sorted(rwl, key=int))} "
-                             f"procs", " / ".join(f"{v:.2f}" for v in values) + f" ({spread * 100:.0f}% spread)",
-                             spread <= 0.15])
+                rows.append(
+                    [
+                        f"{api} RWLock requests per acquisition constant over {', '.join(sorted(rwl, key=int))} procs",
+                        " / ".join(f"{v:.2f}" for v in values) + f" ({spread * 100:.0f}% spread)",
+                        spread <= 0.15,
+                    ]
+                )
             lost += sum(r["lost"] + r["overlaps"] for r in list(rwl.values()) + list(mtx.values()))
         if any(key.split("-")[1] == api for key in rw):
             rows.append([f"{api} RWLock/Mutex zero lost updates / exclusion violations", str(lost), lost == 0])
@@ -93,8 +102,13 @@ def check_semaphore(results: dict) -> list[list[Any]]:
             continue
         proposals = {n: r["proposals_per_op"] for n, r in by_n.items()}
         most = max(proposals.values())
-        rows.append([f"{api} semaphore of {limit}: proposals per acquisition <= 2.1 at every count",
-                     " / ".join(f"{p:.2f}" for p in proposals.values()), most <= 2.1])
+        rows.append(
+            [
+                f"{api} semaphore of {limit}: proposals per acquisition <= 2.1 at every count",
+                " / ".join(f"{p:.2f}" for p in proposals.values()),
+                most <= 2.1,
+            ]
+        )
         fairness = min(r["fairness"] for r in by_n.values())
         rows.append([f"{api} semaphore of {limit}: fairness min/max >= 0.9", f"{fairness:.2f}", fairness >= 0.9])
         over = sum(r["overlaps"] for r in by_n.values())

@@ -32,7 +32,7 @@ def task_uncontended(ports: dict[str, int], kinds: list[str], iterations: int, w
     requests: dict[str, int] = dict.fromkeys(kinds, 0)
     names = {kind: f"uncontended-{kind}-{uuid.uuid4().hex[:8]}" for kind in kinds}
     for i in range(warmup + iterations):
-        order = kinds[i % len(kinds):] + kinds[: i % len(kinds)]
+        order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
         for kind in order:
             sent = requests_sent(thread)
             started = time.perf_counter()
@@ -53,8 +53,14 @@ def run(h: Harness) -> None:
     kinds = h.kinds()
     print(f"uncontended: {', '.join(kinds)} x {s.uncontended_iterations}, interleaved", flush=True)
     h.pool.grow(1)
-    h.pool[0].run(f"{__name__}:task_uncontended", ports=h.ports, kinds=kinds,
-                  iterations=s.uncontended_iterations, warmup=s.uncontended_warmup, ttl=TTL)
+    h.pool[0].run(
+        f"{__name__}:task_uncontended",
+        ports=h.ports,
+        kinds=kinds,
+        iterations=s.uncontended_iterations,
+        warmup=s.uncontended_warmup,
+        ttl=TTL,
+    )
     raw = h.pool[0].result(600)
     h.results["uncontended"] = {
         kind: {
@@ -72,12 +78,22 @@ def render(results: dict[str, Any], s: dict[str, Any]) -> list[str]:
     rows = []
     for kind, r in unc.items():
         floor = unc.get(FLOOR_OF[KINDS[kind].server])
-        rows.append([LABELS[kind], KINDS[kind].server, r["median_ms"], r["p99_ms"],
-                     ratio(r["median_ms"], floor and floor["median_ms"]),
-                     ratio(r["p99_ms"], floor and floor["p99_ms"]), r["requests_per_op"]])
+        rows.append(
+            [
+                LABELS[kind],
+                KINDS[kind].server,
+                r["median_ms"],
+                r["p99_ms"],
+                ratio(r["median_ms"], floor and floor["median_ms"]),
+                ratio(r["p99_ms"], floor and floor["p99_ms"]),
+                r["requests_per_op"],
+            ]
+        )
     return [
         f"### Uncontended acquire+release ({s['uncontended_iterations']} each, interleaved round-robin)\n",
-        markdown_table(["lock", "server", "median ms", "p99 ms", "median / floor", "p99 / floor",
-                        "requests per acquire+release"], rows),
+        markdown_table(
+            ["lock", "server", "median ms", "p99 ms", "median / floor", "p99 / floor", "requests per acquire+release"],
+            rows,
+        ),
         "",
     ]

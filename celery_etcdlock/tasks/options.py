@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .options import check_seconds, check_ttl
+from ..options import check_seconds, check_ttl
 
 ON_CONFLICT = ("skip", "raise", "retry", "wait", "reschedule")
 HASHED = "sha256:"  # what a hashed key starts with
@@ -182,8 +182,6 @@ def option(owner: object, name: str) -> Any:
 
 def _is_names(value: object) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(n, str) and n for n in value)
-
-
 
 
 # -- lock names ------------------------------------------------------------------------------

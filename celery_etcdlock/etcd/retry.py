@@ -33,8 +33,8 @@ from typing import TypeVar
 import tenacity
 import tenacity.stop
 
-from . import clock, green, observe
-from .errors import BackendUnavailable
+from .. import clock, green, observe
+from ..errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import os
 import threading
 import weakref
 
-from .backends.base import Backend
-from .options import ConnectionOptions
+from ..etcd.base import Backend
+from ..options import ConnectionOptions
 from .session import Session
 
 

@@ -28,11 +28,11 @@ from typing import Any
 from celery.utils.time import maybe_make_aware
 from kombu import serialization
 
-from .client import Client
-from .errors import EtcdLockError, TaskLocked
-from .keys import LOCKS, queue_key
-from .queue import read_state
-from .store import DocumentStore
+from ..errors import EtcdLockError, TaskLocked
+from ..keys import LOCKS, queue_key
+from ..locks.client import Client
+from ..locks.queue import read_state
+from ..locks.store import DocumentStore
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..keys import LOCKS, queue_key
+from ..options import check_ttl
 from .client import Client, check_client
-from .keys import LOCKS, queue_key
-from .options import check_ttl
 from .queue import READ, WRITE, QueueLock
 
 

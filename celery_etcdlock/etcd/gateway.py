@@ -56,10 +56,10 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from .. import green, retry
+from .. import green
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
-from . import transport
+from . import retry, transport
 from .base import peer_port_error
 from .transport import Pool
 

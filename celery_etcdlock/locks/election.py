@@ -39,11 +39,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import observe
-from .backends.base import Entry, WaitResult
+from .. import observe
+from ..errors import InvalidUse, NotHeld
+from ..etcd.base import Entry, WaitResult
+from ..keys import ELECTIONS, queue_key
 from .client import Client
-from .errors import InvalidUse, NotHeld
-from .keys import ELECTIONS, queue_key
 from .queue import WRITE, QueueLock, read_state
 
 logger = logging.getLogger(__name__)

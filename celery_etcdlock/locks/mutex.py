@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..keys import LOCKS, queue_key
 from .client import Client
-from .keys import LOCKS, queue_key
 from .queue import WRITE, QueueLock
 
 

@@ -52,9 +52,9 @@ from collections.abc import Callable
 from contextlib import closing
 from typing import Any, TypeVar
 
-from .. import retry
 from ..errors import BackendError
 from ..options import ConnectionOptions
+from . import retry
 from .base import (
     Backend,
     Entry,

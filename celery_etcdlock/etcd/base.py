@@ -12,7 +12,7 @@ Vocabulary:
   increasing, so it is both the queue order and the fencing token.
 - A *lease* keeps a group of entries alive. In v3 it is a real etcd lease;
   in v2 it is the group of keys that one refresh round renews. Only the
-  session (``celery_etcdlock.session``) uses leases.
+  session (``celery_etcdlock.locks.session``) uses leases.
 - A *record* is a plain JSON document at a known key, written with a
   compare-and-swap (beat schedule state, enqueue markers).
 
@@ -328,7 +328,7 @@ class Backend(abc.ABC):
 
         Under gevent, this backend's sockets, TLS and locks wait on the hub of the thread that
         uses them, which a task that does not yield starves. The twin makes the same requests
-        on unpatched sockets, with OS locks (see ``green.py`` and ``backends/native.py``); it
+        on unpatched sockets, with OS locks (see ``green.py`` and ``etcd/native.py``); it
         shares nothing with this backend. A backend that makes no network requests may
         return itself.
         """

@@ -42,10 +42,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import clock, green, retry
-from .backends.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
-from .errors import BackendError
-from .observe import CLOSED, DELETED, LATE, REVOKED
+from .. import clock, green
+from ..errors import BackendError
+from ..etcd import retry
+from ..etcd.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
+from ..observe import CLOSED, DELETED, LATE, REVOKED
 
 logger = logging.getLogger(__name__)
 

@@ -40,13 +40,13 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.utils.log import get_logger
 from celery.utils.time import maybe_make_aware
 
-from . import observe
-from .backends.base import Record
-from .client import Client
-from .election import Election
-from .errors import BackendError
-from .settings import Settings, client_for, enable_metrics
-from .store import DocumentStore, FenceLost
+from .. import observe
+from ..errors import BackendError
+from ..etcd.base import Record
+from ..locks.client import Client
+from ..locks.election import Election
+from ..locks.store import DocumentStore, FenceLost
+from ..settings import Settings, client_for, enable_metrics
 
 logger = get_logger(__name__)
 

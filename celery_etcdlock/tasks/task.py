@@ -43,18 +43,18 @@ from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
-from . import green, observe, signals
-from .client import Client
+from .. import green, observe, signals
+from ..errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked, UnsupportedPool
+from ..locks.client import Client
+from ..locks.mutex import Mutex
+from ..locks.queue import QueueState
+from ..locks.rwlock import RWLock
+from ..locks.semaphore import Semaphore
+from ..locks.store import Fence
+from ..options import MAX_SECONDS
+from ..settings import Settings, client_for
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
-from .errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked, UnsupportedPool
-from .mutex import Mutex
-from .options import MAX_SECONDS
-from .queue import QueueState
-from .rwlock import RWLock
-from .semaphore import Semaphore
-from .settings import Settings, client_for
-from .store import Fence
-from .task_options import (
+from .options import (
     DECORATOR_NAMES,
     LOCK_OPTIONS,
     KeySpec,
@@ -94,6 +94,7 @@ class TaskLock(Fence, Protocol):
     def lost_reason(self) -> str | None: ...
     @property
     def primitive(self) -> str: ...
+
     conflict: QueueState | None
 
     def acquire(

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..keys import SEMAPHORES, queue_key
 from .client import Client
-from .keys import SEMAPHORES, queue_key
 from .queue import SLOT, QueueLock
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import importlib
 
-from .backends.base import Backend
+from ..etcd.base import Backend
+from ..options import DEFAULT_URL, SCHEMES, ConnectionOptions, parse_url
 from .client import Client
-from .options import DEFAULT_URL, SCHEMES, ConnectionOptions, parse_url
 
 
 def connect(

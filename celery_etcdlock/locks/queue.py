@@ -51,11 +51,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from . import observe
-from .backends.base import Entry, Snapshot, WaitResult, encode_json
+from .. import observe
+from ..errors import InvalidUse, LimitMismatch, LockLost, NotHeld
+from ..etcd.base import Entry, Snapshot, WaitResult, encode_json
+from ..options import check_timeout, check_ttl
 from .client import Client, check_client
-from .errors import InvalidUse, LimitMismatch, LockLost, NotHeld
-from .options import check_timeout, check_ttl
 from .session import SessionKey
 
 logger = logging.getLogger(__name__)
@@ -477,9 +477,7 @@ class QueueLock:
             if self._held is not skey or not skey.lost.is_set() or self._reported is skey:
                 return  # a request still waiting (the acquire loop queues it again), a past hold, or said already
             self._reported = skey
-        logger.warning(
-            "lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, skey.lost_reason
-        )
+        logger.warning("lock %s LOST by %s (token %d): %s", self.name, self.holder, skey.entry.token, skey.lost_reason)
         self._report(
             observe.LOST,
             token=skey.entry.token,

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-from .. import green, retry
+from .. import green
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
-from . import transport
+from . import retry, transport
 from .base import (
     Backend,
     Entry,

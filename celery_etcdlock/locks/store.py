@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .backends.base import Entry, Record
+from ..etcd.base import Entry, Record
+from ..keys import record_key
+from ..options import check_ttl
 from .client import Client, check_client
-from .keys import record_key
-from .options import check_ttl
 
 
 class Fence(Protocol):
@@ -70,5 +70,3 @@ class DocumentStore:
 
     def delete(self, name: str, expect: Record | None = None) -> bool:
         return self._backend.delete_record(self._key(name), expect=expect)
-
-

@@ -1,0 +1,8 @@
+"""Leader-only celery beat: every beat campaigns, only the leader sends.
+
+celery -A proj beat -S celery_etcdlock.beat:LeaderScheduler
+"""
+
+from .scheduler import STATE_KIND, LeaderScheduler, beat_name
+
+__all__ = ["STATE_KIND", "LeaderScheduler", "beat_name"]
