@@ -77,3 +77,12 @@ def queue_key(namespace: str, name: str) -> str:
 
 def record_key(kind: str, name: str) -> str:
     return f"{RECORDS}/{encode_name(kind)}/{encode_name(name)}"
+
+
+def record_prefix(kind: str, name: str) -> str:
+    """The prefix of a group of records of one owner (a beat's runtime entries): ``records/<kind>/<name>``.
+
+    Its records are ``record_prefix(kind, name) + "/" + encode_name(member)``; as their kind
+    is one segment, no plain record (``record_key``) is ever under such a prefix.
+    """
+    return f"{RECORDS}/{encode_name(kind)}/{encode_name(name)}"

@@ -3,6 +3,7 @@
 celery -A proj beat -S celery_etcdlock.beat:LeaderScheduler
 """
 
+from .entries import LeaderSchedulerEntry
 from .scheduler import STATE_KIND, LeaderScheduler, beat_name
 
-__all__ = ["STATE_KIND", "LeaderScheduler", "beat_name"]
+__all__ = ["STATE_KIND", "LeaderScheduler", "LeaderSchedulerEntry", "beat_name"]
