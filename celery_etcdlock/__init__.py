@@ -18,7 +18,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import _moved, masking
+from . import _moved, logs, masking
 from .errors import (
     AuthenticationFailed,
     BackendError,
@@ -48,6 +48,7 @@ _moved.install()
 
 # A library logs; the application decides where it goes (Celery's workers and beat configure the root logger).
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+logs.install()  # and no line of ours grows with the user's data (a lock named after a huge argument)
 
 # etcdlock_url's password stays out of app.bugreport() and conf.humanize(censored=True) (without importing Celery)
 masking.install()

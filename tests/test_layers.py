@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_etcdlock"
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("leaves", {"errors", "options", "keys", "clock", "observe", "_moved"}),
+    ("leaves", {"errors", "options", "keys", "clock", "observe", "_moved", "logs"}),
     ("green", {"green"}),
     (
         "etcd",
@@ -127,7 +127,7 @@ def test_a_folder_is_one_run_of_layers(folder: str) -> None:
 def test_the_modules_sit_in_folders() -> None:
     """The backends, primitives and task classes live in folders; the top holds the leaves and entry points."""
     top = sorted(m for m in MODULES if "." not in m and m not in FOLDERS and m)
-    assert top == sorted(["_moved", "cli", "clock", "errors", "green", "keys", "masking", "metrics", "observe",
+    assert top == sorted(["_moved", "cli", "clock", "errors", "green", "keys", "logs", "masking", "metrics", "observe",
                           "options", "settings", "signals", "testing"]), top  # fmt: skip
 
 

@@ -40,3 +40,19 @@ def test_a_readme_block_runs_as_written(line: int, code: str, etcd_url: str, tmp
         [sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, f"README.md line {line}:\n{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+
+
+def test_the_readme_is_for_users() -> None:
+    """A user reads about 350 lines; the detail lives in docs/, linked."""
+    lines = README.read_text().count("\n")
+    assert lines <= 350, f"README.md has {lines} lines: move detail to docs/ and link it"
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    root = README.parent
+    broken = []
+    for page in [README, *sorted((root / "docs").glob("*.md")), root / "bench" / "README.md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(root)} -> {target}")
+    assert not broken, broken

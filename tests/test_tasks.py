@@ -9,6 +9,7 @@ solo pools. The real prefork worker is in test_tasks_worker.py.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -525,13 +526,21 @@ def test_hash_key_keeps_argument_values_out_of_keys_and_holders(etcd: Any) -> No
     assert "example" not in json.dumps(calls[-1]["holders"])
 
 
-def test_a_huge_key_argument_gets_a_bounded_key(etcd: Any) -> None:
+def test_a_huge_key_argument_gets_a_bounded_key(etcd: Any, caplog: Any) -> None:
     huge = "x" * 600_000  # as a key, twice in one transaction: over etcd's 1.5 MiB request limit
     assert sync_customer(huge) == "ran"
+    for logger in ("celery_etcdlock", "celery_etcdlock.tasks"):  # tasks logs through Celery's logger tree
+        caplog.set_level(logging.DEBUG, logger=logger)
     with Mutex(etcd, sync_customer.lock_name_for((huge,)), ttl=5):  # the same lock, found again
         assert sync_customer(huge) is None
         [queue] = etcd.backend.list_queues("locks")
         assert len(queue) < 300 and queue.startswith("locks/" + encode_name(f"task/{sync_customer.name}/"))
+    with Mutex(etcd, raising.lock_name_for((huge,)), ttl=5), pytest.raises(TaskLocked) as raised:
+        raising(huge)
+    # issue 24.14: the skip's INFO line carried all 600,000 characters of the key, and so did the error
+    assert "skipped" in caplog.text and "characters, sha256 " in caplog.text
+    assert max(len(r.getMessage()) for r in caplog.records) < 1000
+    assert len(str(raised.value)) < 1000 and raised.value.lock_name == raising.lock_name_for((huge,))
 
 
 # -- settings ---------------------------------------------------------------------------------------

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import socket
 import ssl
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,71 +24,8 @@ from celery_etcdlock.etcd import native, transport
 from celery_etcdlock.etcd.transport import Pool
 from celery_etcdlock.locks.connect import parse_url
 from tests.support import wait_until
+from tests.support.scripted import OK, ScriptedServer, keep_alive, scripted
 from tests.support.tls import make_certificates
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-# a script answers the requests of one connection: given the connection's number (0, 1, ...) and a function that
-# reads the next request (b"" once the client closed), it writes answers and returns when it is done with it
-Script = Callable[[socket.socket, int, Callable[[], bytes]], None]
-
-
-class ScriptedServer:
-    """A loopback server running ``script`` on each connection it accepts; ``requests`` lists what it read."""
-
-    def __init__(self, script: Script, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
-        self.listener = socket.create_server((host, 0))
-        self.tls = tls
-        self.port = self.listener.getsockname()[1]
-        self.script = script
-        self.connections = 0
-        self.requests: list[bytes] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            number, self.connections = self.connections, self.connections + 1
-            threading.Thread(target=self._serve, args=(conn, number), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
-        buffer = bytearray()
-
-        def next_request() -> bytes:
-            while b"\r\n\r\n" not in buffer:
-                data = conn.recv(65536)
-                if not data:
-                    return b""
-                buffer.extend(data)
-            end = buffer.index(b"\r\n\r\n") + 4
-            request = bytes(buffer[:end])
-            del buffer[:end]
-            self.requests.append(request)
-            return request
-
-        with conn, suppress(OSError):  # ssl.SSLError too: a client that refused our certificate
-            if self.tls is not None:
-                conn = self.tls.wrap_socket(conn, server_side=True)
-            self.script(conn, number, next_request)
-
-
-@contextmanager
-def scripted(script: Script) -> Iterator[tuple[ScriptedServer, Pool]]:
-    server = ScriptedServer(script)
-    pool = Pool("127.0.0.1", server.port)
-    try:
-        yield server, pool
-    finally:
-        pool.close()
-        server.listener.close()
-
-
-def keep_alive(conn: socket.socket, number: int, next_request: Callable[[], bytes]) -> None:
-    while next_request():
-        conn.sendall(OK)
 
 
 def test_sequential_requests_share_one_kept_alive_connection() -> None:

@@ -27,23 +27,35 @@ What it does:
 - before an idle connection is reused, a look at its socket: readable means
   the server closed it (or sent what it should not have), so it is closed;
 - the server may still close an idle connection while our request is on its
-  way. Such a request is sent once more, on a new connection, if nothing of
-  it can have been processed: the connection was reused, and the server
-  answered not a single byte (it closed or reset the connection). Nothing
-  else is ever sent again here: the backends' retry policy decides, and can
-  switch endpoints. No redirects, no proxies, no credentials or CAs from the
-  environment: the URL says where etcd is and whom to trust;
+  way. Such a request is sent once more, on a new connection, when the
+  connection was reused, the server answered not a single byte (it closed or
+  reset the connection), and sending it twice cannot do harm: the request is
+  idempotent (a GET, or a request its caller says is, such as a read), or
+  no complete copy of it reached the server (the send itself failed, and a
+  server never acts on half a request). Any other request that may have
+  reached the server is left to the backends' retry policy, which can tell
+  an attempt that was applied from one that was lost (a create looks for its
+  nonce, a compare-and-swap for its value) and can switch endpoints. No
+  redirects, no proxies, no credentials from the environment: the URL says
+  where etcd is and whom to trust (its ``?ca=``, else the system's CAs,
+  which OpenSSL's ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` may name);
 - Content-Length and chunked bodies, and bodies that end with the connection;
-- a timeout on the connection (and TLS handshake) and on every read; a
-  streamed body can have a deadline that every read ends by;
-- TLS from the URL's ``?ca=`` (else the system's CAs), ``?cert=`` and
-  ``?key=``: certificate and host name (or IP address) checked, TLS 1.2 or later;
+  a body (or a line of a streamed one) over ``MAX_BODY`` is refused with
+  ``TooLarge`` before it is read in;
+- a total deadline per request, its ``timeout``: connecting, the TLS
+  handshake, sending and every read of the answer end by then, so a server
+  that sends one byte at a time cannot hold a caller past it; a streamed
+  body has a deadline of its own that every read ends by;
+- TLS: certificate and host name (or IP address) checked, TLS 1.2 or later;
+- header values with CR or LF are refused (``ValueError``): no text that
+  came from a server can add a header;
 - where sockets come from is a parameter: a session's renewer under gevent
   makes its connections on the OS's own sockets (``native.py``).
 
 Errors are ``OSError``: the socket's own (refused, reset, ``ssl.SSLError``),
 ``ConnectionClosed`` and ``NoResponse`` (the server hung up), ``ReadTimeout``,
-``NotHTTP`` (the server answered something else) and ``ProtocolError``.
+``NotHTTP`` (the server answered something else) and ``ProtocolError``
+(``TooLarge``: an answer over ``MAX_BODY``).
 """
 
 from __future__ import annotations
@@ -64,10 +76,18 @@ from . import native
 MAX_IDLE = 32  # idle connections kept per endpoint; more are closed after use
 _MAX_HEAD = 64 * 1024  # bytes of status line and headers we read before giving up on a response
 _RECV_SIZE = 64 * 1024
+#: the largest body (and line of a streamed body) read in: etcd takes requests up to 1.5 MiB (``--max-request-bytes``),
+#: and what this package asks for (a queue, a lease's keys, a record) is far smaller; more is a server (or something in
+#: the path) that misbehaves, and reading it in would cost the client its memory
+MAX_BODY = 8 * 1024 * 1024
 
 
 class ProtocolError(OSError):
     """The server's answer is not HTTP/1.1 we can read."""
+
+
+class TooLarge(ProtocolError):
+    """The answer is over ``MAX_BODY``: refused, not read in."""
 
 
 class NotHTTP(ProtocolError):
@@ -87,7 +107,7 @@ class NoResponse(ConnectionClosed):
 
 
 class ReadTimeout(TimeoutError):
-    """The server sent nothing more within the read timeout (or by the deadline of a streamed body)."""
+    """The answer was not complete by the request's deadline (or a streamed body's)."""
 
 
 class Socket(Protocol):
@@ -156,6 +176,22 @@ def _readable(sock: Socket) -> bool:
     return bool(poller.poll(0))
 
 
+class _Unanswered(NoResponse):
+    """``NoResponse``, and whether the whole request had been sent (``delivered``): may it be sent again?"""
+
+    def __init__(self, message: str, delivered: bool) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+
+
+def _remaining(deadline: float) -> float:
+    """Seconds left until ``deadline``; ``ReadTimeout`` if none."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise ReadTimeout("the answer was not complete by the request's deadline")
+    return remaining
+
+
 class Connection:
     """One connection to the server: its socket, and what was read from it but not used yet."""
 
@@ -180,12 +216,12 @@ class Connection:
         if self.deadline is not None:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
-                raise ReadTimeout("the deadline passed")
+                raise ReadTimeout("the answer was not complete by the request's deadline")
             self.sock.settimeout(remaining)
         try:
             data = self.sock.recv(_RECV_SIZE)
         except TimeoutError:
-            raise ReadTimeout("the server sent nothing more within the read timeout") from None
+            raise ReadTimeout("the answer was not complete by the request's deadline") from None
         self.buffer += data
         return bool(data)
 
@@ -226,6 +262,8 @@ class Connection:
         return status, headers
 
     def read_exactly(self, size: int) -> bytes:
+        if size > MAX_BODY:
+            raise TooLarge(f"the server announced {size} bytes, over the {MAX_BODY} this client reads")
         while len(self.buffer) < size:
             if not self._fill():
                 raise ConnectionClosed("Remote end closed connection in the middle of the response body")
@@ -248,7 +286,10 @@ class Connection:
         """The data of the next chunk of a chunked body; b"" after the last one (its trailers read)."""
         size_line = self.read_line()
         try:
-            size = int(size_line.split(b";", 1)[0], 16)
+            digits = size_line.split(b";", 1)[0].strip()
+            if not digits.isalnum():  # int() takes "+1", "1_0" and spaces, which HTTP does not
+                raise ValueError
+            size = int(digits, 16)
         except ValueError:
             raise ProtocolError(f"bad chunk size line {size_line[:80]!r}") from None
         if size == 0:
@@ -283,7 +324,7 @@ class Response:
 
     def read(self) -> bytes:
         """The whole body (also kept as ``body``)."""
-        self.body = b"".join(self._pieces())
+        self.body = b"".join(self._pieces(MAX_BODY))
         return self.body
 
     def lines(self, deadline: float) -> Iterator[bytes]:
@@ -297,11 +338,14 @@ class Response:
         connection.deadline = deadline
         pending = b""
         try:
-            for piece in self._pieces():
+            for piece in self._pieces(None):  # a stream has no total size: each line is bounded instead
                 pending += piece
                 while (end := pending.find(b"\n")) >= 0:
                     yield pending[:end]
                     pending = pending[end + 1 :]
+                if len(pending) > MAX_BODY:
+                    self.close()
+                    raise TooLarge(f"a line of the streamed answer is over the {MAX_BODY} bytes this client reads")
         except ReadTimeout:
             return  # the deadline passed (the reads wait for nothing longer)
         if pending:
@@ -319,23 +363,29 @@ class Response:
         if connection is not None:
             connection.close()
 
-    def _pieces(self) -> Iterator[bytes]:
-        """The body as it arrives; at its end the connection goes back to the pool."""
+    def _pieces(self, limit: int | None) -> Iterator[bytes]:
+        """The body as it arrives (``TooLarge`` past ``limit`` bytes); at its end the connection goes back."""
         connection = self._connection
         assert connection is not None, "the body was read already"
         try:
             if "chunked" in self.headers.get("transfer-encoding", ""):
-                while piece := connection.read_chunk():
-                    yield piece
+                pieces = iter(connection.read_chunk, b"")
             elif "content-length" in self.headers:
                 length = self.headers["content-length"]
-                if not length.isdigit():
+                if not (length.isascii() and length.isdigit()):  # "²" and "١" are digits to str.isdigit()
                     raise ProtocolError(f"bad Content-Length {length[:80]!r}")
-                yield connection.read_exactly(int(length))
+                pieces = iter((connection.read_exactly(int(length)),))
             elif self.status not in (204, 304):
                 connection.reusable = False
-                while piece := connection.read_some():
-                    yield piece
+                pieces = iter(connection.read_some, b"")
+            else:
+                pieces = iter(())
+            read = 0
+            for piece in pieces:
+                read += len(piece)
+                if limit is not None and read > limit:
+                    raise TooLarge(f"the answer is over the {limit} bytes this client reads")
+                yield piece
         except BaseException:
             self.close()
             raise
@@ -379,42 +429,60 @@ class Pool:
         headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
         stream: bool = False,
+        idempotent: bool | None = None,
     ) -> Response:
         """Send the request; the response, its body read (``body``) unless ``stream``.
 
-        ``target`` is the path and query; ``timeout`` (seconds) bounds the
-        connection and every read. With ``stream``, read the body with
-        ``read()`` or ``lines()``, and ``close()`` the response. Every request
-        of this module goes through here: this is the one place to count them.
+        ``target`` is the path and query; ``timeout`` (seconds) is the total
+        deadline of the request: connecting, sending and reading the answer
+        (of a streamed one, its status and headers). With ``stream``, read the
+        body with ``read()`` (by the same deadline) or ``lines()``, and
+        ``close()`` the response. ``idempotent`` (default: a GET or HEAD) lets
+        a request the server hung up on be sent again at once (see the module's
+        docstring). Every request of this module goes through here: this is the
+        one place to count them.
         """
+        deadline = time.monotonic() + timeout
         head = f"{method} {target} HTTP/1.1\r\nHost: {self._host_header}\r\n"
         if body or method in ("POST", "PUT"):
             head += f"Content-Length: {len(body)}\r\n"
         if headers:
-            head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            for name, value in headers.items():
+                if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+                    raise ValueError(f"the HTTP header {name[:40]!r} has a line break in its name or value")
+                head += f"{name}: {value}\r\n"
         data = (head + "\r\n").encode("latin-1") + body
-        response = self._send(data, timeout)
+        response = self._send(data, deadline, method in ("GET", "HEAD") if idempotent is None else idempotent)
         if not stream:
             response.read()
         return response
 
-    def _send(self, data: bytes, timeout: float) -> Response:
+    def _send(self, data: bytes, deadline: float, idempotent: bool) -> Response:
         """Send ``data`` on an idle connection, or a new one; the response, its status and headers read."""
         connection = self._idle_connection()
         if connection is not None:
             try:
-                return self._exchange(connection, data, timeout)
-            except NoResponse:
-                pass  # the server closed it while it was idle, before it read our request: send it again, once
-        return self._exchange(self._new_connection(timeout), data, timeout)
+                return self._exchange(connection, data, deadline)
+            except _Unanswered as exc:
+                # the server closed the idle connection as our request came: send it again, once, where that is safe
+                if exc.delivered and not idempotent:
+                    raise NoResponse(str(exc)) from None
+        return self._exchange(self._new_connection(deadline), data, deadline)
 
-    def _exchange(self, connection: Connection, data: bytes, timeout: float) -> Response:
+    def _exchange(self, connection: Connection, data: bytes, deadline: float) -> Response:
+        delivered = True
         try:
-            connection.sock.settimeout(timeout)
-            # the server may have answered before it read all of it (a request too large): read that
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            connection.deadline = deadline
+            connection.sock.settimeout(_remaining(deadline))  # sendall: a total timeout
+            try:
                 connection.sock.sendall(data)
-            status, headers = connection.read_head()
+            except (BrokenPipeError, ConnectionResetError):
+                # the server may have answered before it read all of it (a request too large): read that
+                delivered = False
+            try:
+                status, headers = connection.read_head()
+            except NoResponse as exc:
+                raise _Unanswered(str(exc), delivered) from None
         except BaseException:
             connection.close()
             raise
@@ -430,13 +498,14 @@ class Pool:
                 return connection
             connection.close()  # closed by the server while idle (or it sent what it should not have)
 
-    def _new_connection(self, timeout: float) -> Connection:
-        sock = self._connect((self.host, self.port), timeout)
+    def _new_connection(self, deadline: float) -> Connection:
+        sock = self._connect((self.host, self.port), _remaining(deadline))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is None:
                 return Connection(sock)
-            return Connection(self._wrap_tls(sock, self.tls, self.host))  # the handshake, within the timeout
+            sock.settimeout(_remaining(deadline))  # the standard library's handshake ends by it as a whole
+            return Connection(self._wrap_tls(sock, self.tls, self.host))
         except BaseException:
             sock.close()
             raise

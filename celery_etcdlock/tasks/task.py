@@ -51,6 +51,7 @@ from ..locks.queue import QueueState
 from ..locks.rwlock import RWLock
 from ..locks.semaphore import Semaphore
 from ..locks.store import Fence
+from ..logs import shorten
 from ..options import MAX_SECONDS
 from ..settings import Settings, client_for
 from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
@@ -232,7 +233,7 @@ class LimitedTask(celery.Task):
             _release(lock, name, task_id, hostname)
         if not kept:
             raise LockLost(
-                f"task {self.name}[{task_id}] on {hostname} lost its lock {name} before it finished "
+                f"task {self.name}[{task_id}] on {hostname} lost its lock {shorten(name)} before it finished "
                 f"({reason or 'not renewed in time'}); its exclusivity was not guaranteed for the whole run",
                 name,
                 cause,
@@ -282,7 +283,7 @@ class LimitedTask(celery.Task):
             try:
                 raise self.retry(
                     countdown=self.retry_countdown,
-                    exc=TaskLocked(f"{name} is held by {holder}", lock_name=name, holder=_first(holders)),
+                    exc=TaskLocked(f"{shorten(name)} is held by {holder}", lock_name=name, holder=_first(holders)),
                 )
             except Retry:
                 raise
@@ -295,7 +296,7 @@ class LimitedTask(celery.Task):
         if self.on_conflict == "raise":
             logger.info("task %s[%s] not run: %s is held by %s", self.name, task_id, name, holder)
             raise TaskLocked(
-                f"task {self.name}[{task_id}] not run: {name} is held by {holder}",
+                f"task {self.name}[{task_id}] not run: {shorten(name)} is held by {holder}",
                 lock_name=name,
                 holder=_first(holders),
             )
@@ -332,7 +333,7 @@ class LimitedTask(celery.Task):
         holders = _holders_seen(lock)
         self._forget_marker(client, name, task_id)
         raise TaskLocked(
-            f"task {self.name}[{task_id}] gave up waiting for {name} after {self.lock_timeout}s; "
+            f"task {self.name}[{task_id}] gave up waiting for {shorten(name)} after {self.lock_timeout}s; "
             f"held by {_describe(holders)}",
             lock_name=name,
             holder=_first(holders),
@@ -353,7 +354,7 @@ class LimitedTask(celery.Task):
             self._forget_marker(client, name, task_id)
             raise TaskLocked(
                 f"task {self.name}[{task_id}] gave up after being rescheduled {count} times over "
-                f"{self.reschedule_for:g}s: {name} is held by {holder}",
+                f"{self.reschedule_for:g}s: {shorten(name)} is held by {holder}",
                 lock_name=name,
                 holder=_first(holders),
             )
@@ -369,12 +370,14 @@ class LimitedTask(celery.Task):
             count,
         )
         if request.called_directly or request.is_eager:
-            raise TaskLocked(f"{name} is held by {holder} (an eager run cannot be rescheduled)", lock_name=name)
+            raise TaskLocked(
+                f"{shorten(name)} is held by {holder} (an eager run cannot be rescheduled)", lock_name=name
+            )
         headers = {**(request.headers or {}), RESCHEDULED: {"count": count + 1, "since": since}}
         # as Task.retry sends it (same task id, options and route), but with the retry count unchanged
         again = self.signature_from_request(request, countdown=countdown, retries=request.retries, headers=headers)
         again.apply_async()
-        raise Retry(exc=TaskLocked(f"{name} is held by {holder}", lock_name=name), when=countdown, sig=again)
+        raise Retry(exc=TaskLocked(f"{shorten(name)} is held by {holder}", lock_name=name), when=countdown, sig=again)
 
     def _acquire_after_own_attempt(self, lock: TaskLock, name: str, task_id: str, hostname: str) -> bool:
         # The holder is an earlier attempt of this very task id: a message
