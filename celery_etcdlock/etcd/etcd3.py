@@ -202,7 +202,7 @@ class Etcd3Backend(Backend):
                 {"ID": str(lease.lease_id), "keys": True},
                 timeout=max(0.05, deadline - time.monotonic()),
             )
-        except (retry.Transient, Failure) as exc:
+        except (retry.Transient, Failure, BackendError) as exc:  # the renewal stands: a listing only advises
             logger.debug("lease %s renewed, but listing its keys failed (%s): checked next time", lease.id, exc)
             return set()
         if int(answer.get("TTL", -1)) <= 0:

@@ -4,9 +4,10 @@ As in etcd's ``concurrency`` package, a process has one session per client
 and TTL, and each session one background thread (its renewer) that renews
 every entry of the session, whatever the number of locks held or waited
 for; so a slow etcd behind one session never delays another's renewals. In
-v3 the entries of a session ride on one shared lease, kept alive every
-ttl/3; in v2 each entry is a key with a TTL of its own, refreshed every
-ttl/3 (``refresh=true``, which wakes no watcher). The renewer ends when the
+v3 the entries of a session ride on one shared lease (a new one for every
+``ENTRIES_PER_LEASE`` more), kept alive every ttl/3; in v2 each entry is a
+key with a TTL of its own, refreshed every ttl/3 (``refresh=true``, which
+wakes no watcher). The renewer ends when the
 session has nothing left to keep alive, and the next join starts it again.
 
 Each lease keeps a local deadline: the *send* time (monotonic clock) of the
@@ -52,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 
 TIDY_DELAY = 5.0  # seconds a released queue stays unused before its (v2) directory is removed
+#: the most entries one v3 lease carries; more go on a new lease. A renewal lists the keys of its lease (etcd's
+#: LeaseTimeToLive with keys, which has no paging): about 100 bytes a key, so 10,000 keys answer in about 1 MB,
+#: far below the transport's cap on a response, where 100,000 on one lease would not fit at all
+ENTRIES_PER_LEASE = 10_000
 
 
 def safety_margin(ttl: float) -> float:
@@ -451,6 +456,7 @@ class Session:
                     and not shared.dropped
                     and not shared.handle.expired
                     and clock.now() < shared.deadline - self.server_ttl / 3
+                    and len(shared.skeys) + shared.joining < ENTRIES_PER_LEASE
                 ):
                     shared.joining += 1
                     return shared
