@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from celery_etcdlock import Mutex, connect, session
+from celery_etcdlock import Mutex, connect
+from celery_etcdlock.locks import session
 from tests.support import EtcdServer
 
 from .test_gateway import count_requests
