@@ -17,6 +17,7 @@ with any ``Client``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -284,7 +285,23 @@ def _client(ctx: click.Context, timeout: float) -> Client:
         )
 
 
-@click.group(name="etcdlock")
+class _LazyGroup(click.Group):
+    """A group whose ``schedule`` commands are imported only when used (``cli_schedule`` imports this module)."""
+
+    lazy = {"schedule": ("celery_etcdlock.cli_schedule", "schedule_group")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module, name = self.lazy[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), name)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(name="etcdlock", cls=_LazyGroup)
 @click.pass_context
 @handle_preload_options
 def etcdlock(ctx: click.Context) -> None:
