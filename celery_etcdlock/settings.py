@@ -22,7 +22,7 @@ and so on. The client is shared by every task and the beat scheduler of the
 process; it rebuilds its connections and sessions by itself in a forked child.
 
 A worker turns the metrics on at its start (``worker_init``, before its pool
-forks), a ``LeaderScheduler`` beat when it is created; see
+forks: tasks/worker.py holds every hook), a ``LeaderScheduler`` beat when it is created; see
 ``celery_etcdlock.metrics``. Without prometheus_client, nothing is imported.
 
 Importing the package teaches Celery to mask the password of ``etcdlock_url``
@@ -32,14 +32,11 @@ wherever it shows settings (``celery report``, ``celery inspect conf``,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
-
-from celery import signals
 
 from . import masking, metrics
 from .errors import BackendUnavailable, InvalidUse
@@ -126,8 +123,8 @@ _loaded_in = os.getpid()  # a pool process forked from the worker that loaded th
 _pool_child_pid: int | None = None  # this process's pid once Celery started it as a (forked) pool process
 
 
-@signals.worker_process_init.connect(weak=False)
-def _note_pool_child(**_: Any) -> None:
+def note_pool_process() -> None:
+    """Called when Celery starts a pool process (``worker_process_init``, see tasks/worker.py)."""
     global _pool_child_pid
     if os.getpid() != _loaded_in:  # the solo pool sends the signal too, in the worker's own process
         _pool_child_pid = os.getpid()
@@ -163,7 +160,7 @@ masking.install()
 # -- a beat without the leader scheduler ---------------------------------------------------------
 
 
-def _uses_etcdlock(app: Any) -> bool:
+def uses_etcdlock(app: Any) -> bool:
     """Whether ``app`` is configured for celery_etcdlock or has tasks of ours (this package may just be installed)."""
     if any(masking.is_etcdlock_url(key) for key in app.conf.without_defaults()):
         return True
@@ -171,21 +168,6 @@ def _uses_etcdlock(app: Any) -> bool:
 
 
 LEADER_SCHEDULER = "celery_etcdlock.beat:LeaderScheduler"
-
-
-@signals.beat_init.connect(weak=False)
-def _warn_if_every_beat_sends(sender: Any = None, **_: Any) -> None:
-    """A plain beat next to leader-elected ones sends every entry again: say so at its start."""
-    app, scheduler = getattr(sender, "app", None), getattr(sender, "scheduler", None)
-    if app is None or scheduler is None or getattr(scheduler, "elects_a_leader", False) or not _uses_etcdlock(app):
-        return
-    logger.warning(
-        "celery beat runs with %s, not %s: this beat sends every periodic task itself, and so does every other "
-        "beat host; run each beat with -S %s (or set beat_scheduler) so that only the elected leader sends",
-        type(scheduler).__module__ + "." + type(scheduler).__qualname__,
-        LEADER_SCHEDULER,
-        LEADER_SCHEDULER,
-    )
 
 
 # -- metrics: on in workers and beats, as the settings say ----------------------------------------
@@ -208,24 +190,3 @@ def enable_metrics(app: Any) -> bool:
     except TypeError as exc:
         raise TypeError(f"etcdlock_metrics_registry: {exc}") from None
     return True
-
-
-@signals.worker_init.connect(weak=False)
-def _worker_metrics(sender: Any = None, **_: Any) -> None:
-    """In the worker's main process, so that its pool processes inherit them."""
-    app = getattr(sender, "app", None)
-    if app is not None:
-        enable_metrics(app)
-
-
-@signals.worker_process_init.connect(weak=False)
-def _forget_dead_pool_processes(**_: Any) -> None:
-    """A new pool process often replaces one that was killed: its held locks must stop counting."""
-    with contextlib.suppress(Exception):  # metrics never stop a worker
-        metrics.forget_dead_processes()
-
-
-@signals.worker_process_shutdown.connect(weak=False)
-def _pool_process_exits(**_: Any) -> None:
-    with contextlib.suppress(Exception):
-        metrics.mark_this_process_dead()

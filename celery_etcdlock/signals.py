@@ -36,7 +36,10 @@ Celery events, when task events are on (``celery worker -E``, or
   ``identity``, ``token``, ``cause``.
 
 The primitives know nothing of this module: they report through
-``celery_etcdlock.observe``, which this module listens to.
+``celery_etcdlock.observe``, which this module listens to only while one of
+its signals has a receiver or events are on, so that importing it costs a
+process nothing. The worker and beat hooks that turn events on live in
+``celery_etcdlock.tasks.worker``.
 """
 
 from __future__ import annotations
@@ -44,39 +47,70 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import signals as celery_signals
 from celery.utils.dispatch import Signal
 
 from . import observe
 
 logger = logging.getLogger(__name__)
 
-lock_acquired = Signal(name="lock_acquired")
-lock_released = Signal(name="lock_released")
-lock_lost = Signal(name="lock_lost")
-task_skipped = Signal(name="task_skipped")
-leader_elected = Signal(name="leader_elected")
-leader_deposed = Signal(name="leader_deposed")
+
+class _Signal(Signal):
+    """A Celery signal whose first receiver makes this module listen to the primitives.
+
+    Until then nothing listens: a primitive's report costs one test of an empty list
+    (``observe``'s promise), in every process that merely imports this module.
+    """
+
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
+        observe.subscribe(_from_primitives)  # before the receiver: it must not miss a report
+        return super().connect(*args, **kwargs)
+
+    def disconnect(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().disconnect(*args, **kwargs)
+        finally:
+            _listen_as_needed()
+
+
+lock_acquired = _Signal(name="lock_acquired")
+lock_released = _Signal(name="lock_released")
+lock_lost = _Signal(name="lock_lost")
+task_skipped = _Signal(name="task_skipped")
+leader_elected = _Signal(name="leader_elected")
+leader_deposed = _Signal(name="leader_deposed")
 
 _LOCK_SIGNALS = {observe.ACQUIRED: lock_acquired, observe.RELEASED: lock_released, observe.LOST: lock_lost}
+_REPORTED = (lock_acquired, lock_released, lock_lost, leader_elected, leader_deposed)  # fed by observe
 
 # -- events -----------------------------------------------------------------------------------------
 
 _events: dict[str, Any] = {"app": None, "enabled": False, "hostname": None}
 
 
-@celery_signals.worker_init.connect(weak=False)
-def _worker_events(sender: Any = None, **_: Any) -> None:
-    """A worker decides with -E (``task_events``); its pool children inherit the answer through fork."""
-    _events.update(app=getattr(sender, "app", None), enabled=bool(getattr(sender, "task_events", False)),
-                   hostname=getattr(sender, "hostname", None))  # fmt: skip
+def events_of_worker(worker: Any) -> None:
+    """A worker decides with -E (``task_events``); its pool children inherit the answer through fork.
+
+    Called at ``worker_init`` (tasks/worker.py).
+    """
+    _events.update(app=getattr(worker, "app", None), enabled=bool(getattr(worker, "task_events", False)),
+                   hostname=getattr(worker, "hostname", None))  # fmt: skip
+    _listen_as_needed()
 
 
-@celery_signals.beat_init.connect(weak=False)
-def _beat_events(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
+def events_of_beat(beat: Any) -> None:
+    """A beat follows ``worker_send_task_events``. Called at ``beat_init`` (tasks/worker.py)."""
+    app = getattr(beat, "app", None)
     enabled = bool(app is not None and app.conf.worker_send_task_events)
-    _events.update(app=app, enabled=enabled, hostname=f"beat@{getattr(sender, 'hostname', None) or 'localhost'}")
+    _events.update(app=app, enabled=enabled, hostname=f"beat@{getattr(beat, 'hostname', None) or 'localhost'}")
+    _listen_as_needed()
+
+
+def _listen_as_needed() -> None:
+    """Listen to the primitives while a signal has a receiver or events are on; else not at all."""
+    if _events["enabled"] or any(signal.receivers for signal in _REPORTED):
+        observe.subscribe(_from_primitives)
+    else:
+        observe.unsubscribe(_from_primitives)
 
 
 def send_event(type_: str, **fields: Any) -> None:
@@ -122,9 +156,6 @@ def _from_primitives(event: observe.Event) -> None:
         cause = event.cause if event.kind == observe.DEPOSED else None
         leader_deposed.send(sender=event.name, name=event.name, identity=identity, token=event.token, cause=cause)
         send_event("etcdlock-leader-deposed", election=event.name, identity=identity, token=event.token, cause=cause)
-
-
-observe.subscribe(_from_primitives)
 
 
 def skipped(task: Any, task_id: str | None, lock_name: str, holders: list[dict[str, Any]]) -> None:

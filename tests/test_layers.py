@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("locks.store", {"locks.store"}),
     ("metrics", {"metrics"}),  # listens to observe; never imported by the primitives
     ("celery", {"masking", "settings", "signals"}),
-    ("tasks", {"tasks", "tasks.options", "tasks.dedupe", "tasks.task"}),
+    ("tasks", {"tasks", "tasks.options", "tasks.dedupe", "tasks.task", "tasks.worker"}),
     ("beat", {"beat", "beat.entries", "beat.runtime", "beat.redbeat", "beat.scheduler"}),
     ("cli", {"cli", "cli_schedule", "testing"}),  # testing: the pytest plugin, above everything it tests
     ("package", {""}),  # __init__: the public names
@@ -197,3 +197,20 @@ print("OK")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "OK", done.stdout + done.stderr
+
+
+HOOKS_HOME = "tasks.worker"  # every Celery signal hook of the package, in one place
+
+
+def _uses_celery_signals(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        names = {a.name for a in node.names}
+        return node.module == "celery.signals" or (node.module == "celery" and "signals" in names)
+    return isinstance(node, ast.Import) and any(a.name == "celery.signals" for a in node.names)
+
+
+def test_only_the_hooks_module_uses_celerys_signals() -> None:
+    """What this package does to a worker or beat has one answer: celery_etcdlock/tasks/worker.py."""
+    users = sorted({m for m, path in MODULES.items() for node in ast.walk(ast.parse(path.read_text()))
+                    if _uses_celery_signals(node)})  # fmt: skip
+    assert users == [HOOKS_HOME], f"modules other than {HOOKS_HOME} use Celery's signals: {users}"

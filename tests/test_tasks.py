@@ -706,6 +706,27 @@ def test_reschedule_gives_up_after_reschedule_for(celery_worker: Any, etcd: Any)
 # -- signals and events ------------------------------------------------------------------------------
 
 
+QUIET_UNTIL_CONNECTED = """
+from celery_etcdlock import observe, signals, tasks  # the whole Celery layer, hooks connected
+assert observe._subscribers == [], observe._subscribers
+receiver = lambda sender, **kwargs: None
+signals.lock_acquired.connect(receiver)
+assert observe._subscribers, "a receiver connected, but the primitives' reports go nowhere"
+signals.lock_acquired.disconnect(receiver)
+assert observe._subscribers == [], observe._subscribers
+print("OK")
+"""
+
+
+def test_importing_the_signals_costs_nothing_until_a_receiver_connects() -> None:
+    """observe's promise: with nobody listening, a report is one test of an empty list (issue 25.6)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", QUIET_UNTIL_CONNECTED], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "OK", done.stdout + done.stderr
+
+
 def test_lock_and_leader_signals_carry_what_they_document(etcd: Any) -> None:
     from celery_etcdlock import Election, signals
     from celery_etcdlock.cli import force_release

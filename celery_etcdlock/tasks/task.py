@@ -26,7 +26,6 @@ instance's ``AsyncResult`` instead of queueing another.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import socket
 import threading
@@ -37,14 +36,13 @@ from typing import Any, Protocol, TypeVar, overload
 
 import celery
 from celery import shared_task
-from celery import signals as celery_signals
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.utils.log import get_logger
 
-from .. import green, observe, signals
-from ..errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked, UnsupportedPool
+from .. import observe, signals
+from ..errors import BackendUnavailable, EtcdLockError, LimitMismatch, LockLost, TaskLocked
 from ..locks.client import Client
 from ..locks.mutex import Mutex
 from ..locks.queue import QueueState
@@ -54,7 +52,7 @@ from ..locks.store import Fence
 from ..logs import shorten
 from ..options import MAX_SECONDS
 from ..settings import Settings, client_for
-from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay, forget_in_background
+from .dedupe import EnqueueMarkers, as_delivered, enqueue_delay
 from .options import (
     DECORATOR_NAMES,
     LOCK_OPTIONS,
@@ -193,7 +191,7 @@ class LimitedTask(celery.Task):
         check_class_options(type(self))
         name = self.lock_name_for(args, kwargs)
         settings = Settings.from_app(self.app)  # once per run
-        client = _client(self.app, settings)
+        client = task_client(self.app, settings)
         ttl = self.lock_ttl if self.lock_ttl is not None else settings.ttl
         request = self.request
         task_id: str | None = request.id
@@ -425,7 +423,7 @@ class LimitedTask(celery.Task):
         seen_args, seen_kwargs = as_delivered((args or (), kwargs or {}), options.get("serializer") or self.serializer)
         name = self.lock_name_for(tuple(seen_args), dict(seen_kwargs))
         settings = Settings.from_app(self.app)
-        markers = EnqueueMarkers(_client(self.app, settings))
+        markers = EnqueueMarkers(task_client(self.app, settings))
         task_id = task_id or celery.uuid()
         # the marker outlives a countdown or ETA, up to the longest TTL etcd is given
         ttl = min(self.dedupe_ttl + enqueue_delay(options, self.app.now), MAX_SECONDS)
@@ -585,12 +583,12 @@ class _RunningLocks(threading.local):
 
 
 _running = _RunningLocks()
-_used_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+used_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
-def _client(app: celery.Celery, settings: Settings | None = None) -> Client:
+def task_client(app: celery.Celery, settings: Settings | None = None) -> Client:
     client = client_for(app, settings)
-    _used_clients.add(client)
+    used_clients.add(client)
     return client
 
 
@@ -663,43 +661,3 @@ def _finished(task: LimitedTask, task_id: str, patience: float = 2.0) -> bool:
     except Exception:  # the backend is down: assume not finished
         return False
     return True
-
-
-# -- worker processes ----------------------------------------------------------------------
-#
-# Each prefork child builds its own connections, session and renewer thread on
-# first use (Client and Session reset themselves after fork), so the parent
-# holds nothing. revoke(terminate=True) and the soft time limit raise in the
-# child (billiard turns SIGTERM into SystemExit), so __call__'s finally
-# releases the lock; SIGKILL and the hard time limit leave it to the TTL.
-
-
-@celery_signals.worker_init.connect(weak=False)
-def _refuse_unsupported_pool(**_: Any) -> None:
-    """A worker whose pool cannot keep locks alive (eventlet) does not start: every locked task would fail."""
-    try:
-        green.check_pool()
-    except UnsupportedPool as exc:
-        raise SystemExit(f"celery_etcdlock: {exc}") from None  # Celery logs and ignores a handler's Exception
-
-
-@celery_signals.task_revoked.connect(weak=False)
-def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A revoked or expired message never runs: its enqueue marker must not keep others out.
-
-    This runs in the worker's consumer, which must never wait for etcd: the delete is
-    handed to a background thread (a marker that is not deleted expires anyway).
-    """
-    if not isinstance(sender, LimitedTask) or not sender.dedupe_enqueue or request is None or not request.id:
-        return
-    with contextlib.suppress(Exception):  # never fail the worker's revoke handling
-        name = sender.lock_name_for(tuple(request.args or ()), dict(request.kwargs or {}))
-        forget_in_background(_client(sender.app), name, request.id)
-
-
-@celery_signals.worker_process_shutdown.connect(weak=False)
-def _close_clients(**_: Any) -> None:
-    """A recycled pool child gives its sessions back at once (v3 revokes its lease)."""
-    for client in list(_used_clients):
-        with contextlib.suppress(Exception):
-            client.close()
