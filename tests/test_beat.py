@@ -183,7 +183,7 @@ def test_deposed_leader_can_neither_write_nor_send(etcd_url, redis_url, schedule
     b = scheduler_for(schedulers, app, url, "b:2")
     tick_until(a, lambda: queued(app) >= 1, 20, "a to send")
     b.tick()
-    store = a._store = PausedBeforePut(a._store)  # type: ignore[assignment]
+    store = a._runs.store = PausedBeforePut(a._runs.store)  # type: ignore[assignment]
     ticking = threading.Thread(target=tick_until, args=(a, lambda: store.results, 30, "a's write"), daemon=True)
     ticking.start()
     try:
@@ -209,7 +209,7 @@ def test_v3_write_of_a_leader_whose_entry_vanished_is_refused(api, etcd_url, red
     app = make_app(etcd_url, redis_url, {"every": {"task": "t", "schedule": 0.2}}, ttl=30)
     a = scheduler_for(schedulers, app, etcd_url, "a:1")
     tick_until(a, lambda: queued(app) >= 1, 20, "a to send")
-    store = a._store = PausedBeforePut(a._store)  # type: ignore[assignment]
+    store = a._runs.store = PausedBeforePut(a._runs.store)  # type: ignore[assignment]
     ticking = threading.Thread(target=tick_until, args=(a, lambda: store.results, 30, "a's write"), daemon=True)
     ticking.start()
     try:

@@ -45,7 +45,20 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("metrics", {"metrics"}),  # listens to observe; never imported by the primitives
     ("celery", {"masking", "settings", "signals"}),
     ("tasks", {"tasks", "tasks.options", "tasks.dedupe", "tasks.task", "tasks.worker"}),
-    ("beat", {"beat", "beat.entries", "beat.runtime", "beat.redbeat", "beat.scheduler"}),
+    (
+        "beat",
+        {
+            "beat",
+            "beat.entries",
+            "beat.runtime",
+            "beat.redbeat",
+            "beat.runs",
+            "beat.stores",
+            "beat.leader",
+            "beat.scheduler",
+            "beat.django",
+        },
+    ),
     ("cli", {"cli", "cli_schedule", "testing"}),  # testing: the pytest plugin, above everything it tests
     ("package", {""}),  # __init__: the public names
 ]
