@@ -340,13 +340,14 @@ class LeaderMixin:
             return False
         self._load_schedule()
         schedule = self.schedule
+        now = self.app.now()  # what an entry new to etcd starts from, here and in the document
         for _attempt in range(TAKE_OVER_ATTEMPTS):
             if not election.is_leader or token != election.token:
                 return False
             try:
                 self._in_etcd = True
                 try:
-                    found = runs.take_over(election, token, list(schedule), self.app.now(), self.app.timezone)
+                    found = runs.take_over(election, token, list(schedule), now, self.app.timezone)
                 finally:
                     self._in_etcd = False
             except FenceLost:
@@ -357,7 +358,7 @@ class LeaderMixin:
             if found is None:
                 continue  # the document changed since we read it: read it again
             for name, state in found.items():
-                self._adopt(schedule[name], state)
+                self._adopt(schedule[name], state, now)
             self._leading_token = token
             self._heap = None  # recompute every entry's next run from the adopted state
             logger.info(
@@ -375,10 +376,10 @@ class LeaderMixin:
         )
         return False
 
-    def _adopt(self, entry: ScheduleEntry, state: RunState | None) -> None:
+    def _adopt(self, entry: ScheduleEntry, state: RunState | None, now: datetime) -> None:
         if not self.store_keeps_runs:
             # etcd alone keeps the runs: an entry new to it starts as if beat had just started
-            last_run_at, count = state if state is not None else (self.app.now(), 0)
+            last_run_at, count = state if state is not None else (now, 0)
             self.adopt_run(entry, last_run_at, count)
         elif state is not None and _later(state[0], entry.last_run_at):
             logger.info(
