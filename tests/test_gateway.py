@@ -198,10 +198,10 @@ def test_one_pool_per_endpoint_and_no_io_before_the_first_request(etcd35_server:
     assert gateway.current == 1  # failed over
     for _ in range(5):
         assert "header" in gateway.post("kv/range", {"key": b64("/x")})
-    pool = gateway._pools[1]
+    pool = gateway._endpoints._pools[1]
     assert pool is not None and pool.idle_connections == 1  # one kept-alive connection for sequential requests
     gateway.close()
-    assert gateway._pools == [None, None]
+    assert gateway._endpoints._pools == [None, None]
 
 
 class _HangUp(threading.Thread):

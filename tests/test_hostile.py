@@ -9,14 +9,26 @@ data, non-ASCII prefixes), the test uses one.
 
 from __future__ import annotations
 
+import json
 import socket
+import ssl
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from celery_etcdlock import Mutex, connect
+from celery_etcdlock.errors import BackendError, BackendUnavailable
 from celery_etcdlock.etcd import transport
-from tests.support.scripted import OK, keep_alive, scripted
+from celery_etcdlock.etcd.etcd2 import Etcd2Backend
+from celery_etcdlock.etcd.etcd3 import Etcd3Backend
+from celery_etcdlock.etcd.gateway import Gateway
+from celery_etcdlock.options import parse_url
+from tests.support import EtcdServer, make_certificates, wait_until
+from tests.support.scripted import OK, Proxy, ScriptedServer, keep_alive, scripted
 
 Next = Callable[[], bytes]
 
@@ -125,3 +137,161 @@ def test_a_request_that_reached_the_server_is_sent_again_only_if_that_is_harmles
         assert pool.request("GET", "/first", timeout=5).body == b"ok"
         assert pool.request("POST", "/v3/kv/range", b"{}", timeout=5, idempotent=True).body == b"ok"
         assert [r.split(b" ")[1] for r in server.requests] == [b"/first", b"/v3/kv/range", b"/v3/kv/range"]
+
+
+# -- the backends: every answer they cannot read is one of the package's errors, naming the endpoint --------------
+
+
+def answering(status: int, body: bytes, headers: str = "Content-Type: application/json\r\n") -> ScriptedServer:
+    """A server that answers every request with ``status``, ``headers`` and ``body``."""
+
+    def script(conn: socket.socket, number: int, next_request: Next) -> None:
+        while next_request():
+            head = f"HTTP/1.1 {status} X\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
+            conn.sendall(head.encode("latin-1") + body)
+
+    return ScriptedServer(script)
+
+
+@contextmanager
+def servers(*answers: tuple[int, bytes] | tuple[int, bytes, str]) -> Iterator[str]:
+    """The servers of ``answers``, as the host list of an etcd URL."""
+    started = [answering(*answer) for answer in answers]
+    try:
+        yield ",".join(f"127.0.0.1:{server.port}" for server in started)
+    finally:
+        for server in started:
+            server.listener.close()
+
+
+GOOD_V3 = json.dumps({"header": {"revision": "7", "raft_term": "2"}, "kvs": []}).encode()
+V3_UNREADABLE = {
+    "empty object": b"{}",
+    "wrong types": json.dumps({"header": {"revision": "seven"}, "kvs": []}).encode(),
+    "a key that is a number": json.dumps({"header": {"revision": "7"}, "kvs": [{"key": 5}]}).encode(),
+    "kvs that are an object": json.dumps({"header": {"revision": "7"}, "kvs": {"a": 1}}).encode(),
+    "nested too deep": b"[" * 100_000 + b"]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("answer", V3_UNREADABLE.values(), ids=V3_UNREADABLE.keys())
+def test_v3_an_answer_it_cannot_read_is_a_backend_error_naming_the_endpoint(answer: bytes) -> None:
+    with servers((200, answer)) as hosts:
+        backend = Etcd3Backend(parse_url(f"etcd3://{hosts}?retry_max_delay=1"))
+        with pytest.raises(BackendError, match=hosts) as caught:
+            backend.read_queue("locks/x")
+        assert not isinstance(caught.value, BackendUnavailable)  # an answer, not an outage
+        backend.close()
+
+
+def test_v3_an_answer_it_cannot_read_fails_over_to_another_endpoint() -> None:
+    with servers((200, b"{}"), (200, GOOD_V3)) as hosts:
+        backend = Etcd3Backend(parse_url(f"etcd3://{hosts}?retry_max_delay=5"))
+        assert backend.read_queue("locks/x").revision == 7
+        assert backend.gateway.current == 1
+        backend.close()
+
+
+V2_DIR = json.dumps({"action": "get", "node": {"key": "/p/locks/x", "dir": True, "nodes": []}}).encode()
+V2_UNREADABLE = {
+    "empty object": (200, b"{}", "X-Etcd-Index: 3\r\n"),
+    "a node that is a list": (200, b'{"node": []}', "X-Etcd-Index: 3\r\n"),
+    "an index that is not a number": (200, V2_DIR, "X-Etcd-Index: abc\r\n"),
+    "nested too deep": (200, b"[" * 100_000 + b"]" * 100_000, ""),
+    "an error body that is not UTF-8": (400, b"\xff\xfe\x00bad", ""),
+}
+
+
+@pytest.mark.parametrize("answer", V2_UNREADABLE.values(), ids=V2_UNREADABLE.keys())
+def test_v2_an_answer_it_cannot_read_is_a_backend_error_naming_the_endpoint(answer: tuple[int, bytes, str]) -> None:
+    with servers(answer) as hosts:
+        backend = Etcd2Backend(parse_url(f"etcd://{hosts}?prefix=/p&retry_max_delay=1"))
+        with pytest.raises(BackendError, match=hosts) as caught:
+            backend.read_queue("locks/x")
+        assert not isinstance(caught.value, BackendUnavailable)
+        backend.close()
+
+
+def test_v2_a_proxy_error_page_is_retried_on_another_endpoint() -> None:
+    """An HTML 502 from a proxy in front of one member: worth a retry elsewhere, as v3 has it."""
+    html = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+    with servers((502, html, "Content-Type: text/html\r\n"), (200, V2_DIR, "X-Etcd-Index: 9\r\n")) as hosts:
+        backend = Etcd2Backend(parse_url(f"etcd://{hosts}?prefix=/p&retry_max_delay=5"))
+        assert backend.read_queue("locks/x").revision == 9
+        backend.close()
+    with servers((503, html, "Content-Type: text/html\r\n")) as hosts:  # and alone: an outage, once given up
+        backend = Etcd2Backend(parse_url(f"etcd://{hosts}?prefix=/p&retry_max_delay=0.3"))
+        with pytest.raises(BackendUnavailable, match="503"):
+            backend.read_queue("locks/x")
+        backend.close()
+
+
+def test_v2_a_redirect_is_named_as_one() -> None:
+    with servers((307, b"", "Location: http://elsewhere:2379/v2/keys/p\r\n")) as hosts:
+        backend = Etcd2Backend(parse_url(f"etcd://{hosts}?prefix=/p&retry_max_delay=1"))
+        with pytest.raises(BackendError, match="redirect to 'http://elsewhere:2379/v2/keys/p'"):
+            backend.read_queue("locks/x")
+        backend.close()
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+def test_v2_a_certificate_that_fails_verification_fails_at_once_with_the_reason(certificates: dict[str, Path]) -> None:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificates["server_cert"], certificates["server_key"])
+    server = ScriptedServer(keep_alive, tls=context)
+    backend = Etcd2Backend(parse_url(f"etcds://127.0.0.1:{server.port}?retry_max_delay=2"))  # the system's CAs
+    try:
+        with pytest.raises(BackendError, match="could not be verified") as caught:
+            backend.read_queue("locks/x")
+        assert not isinstance(caught.value, BackendUnavailable)
+    finally:
+        backend.close()
+        server.listener.close()
+
+
+def test_v3_a_token_with_a_line_break_never_reaches_a_header() -> None:
+    def auth(conn: socket.socket, number: int, next_request: Next) -> None:
+        while request := next_request():
+            if request.startswith(b"POST /v3/auth/authenticate"):
+                body = json.dumps({"header": {}, "token": "tok\r\nX-Injected: yes"}).encode()
+            else:
+                body = GOOD_V3
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    server = ScriptedServer(auth)
+    gateway = Gateway(parse_url(f"etcd3://app:secret@127.0.0.1:{server.port}?retry_max_delay=1"))
+    try:
+        with pytest.raises(BackendError, match="line break"):
+            gateway.post("kv/range", {"key": "eA=="})
+        assert not any(b"X-Injected" in request for request in server.requests)
+    finally:
+        gateway.close()
+        server.listener.close()
+
+
+# -- a renewal that cannot finish in time: the lock is lost, and on_lost runs, on time ------------------------------
+
+
+@pytest.mark.parametrize("api", ["v3", "v2"])
+def test_a_renewal_held_up_by_a_trickling_endpoint_loses_the_lock_on_time(
+    etcd_server_for_api: EtcdServer, api: str
+) -> None:
+    """One byte per 0.2 s from the endpoint once the lock is held: without a total deadline per request, a
+    renewal waits for ever (every read gets its byte in time), and on_lost is never called."""
+    proxy = Proxy(("127.0.0.1", etcd_server_for_api.client_port))
+    scheme = "etcd3" if api == "v3" else "etcd"
+    client = connect(f"{scheme}://127.0.0.1:{proxy.port}?prefix=/hostile-{api}&timeout=1&retry_max_delay=1")
+    lost = threading.Event()
+    lock = Mutex(client, "renewed", ttl=3, on_lost=lambda _: lost.set())
+    try:
+        assert lock.acquire(timeout=5)
+        proxy.trickle = True
+        wait_until(lost.is_set, 30, "on_lost to be called once no renewal could land in time")
+        assert not lock.held
+    finally:
+        proxy.close()
+        client.close()

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "etcd.retry",
             "etcd.base",
             "etcd.transport",
+            "etcd.endpoints",
             "etcd.native",
             "etcd.gateway",
             "etcd.etcd2",

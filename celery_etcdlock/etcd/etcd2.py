@@ -24,14 +24,12 @@ import base64
 import itertools
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
-from .. import green
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
 from . import retry, transport
@@ -49,7 +47,7 @@ from .base import (
     peer_port_error,
     server_ttl,
 )
-from .transport import Pool
+from .endpoints import UNREADABLE, Endpoints
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,6 +81,15 @@ def _too_large(endpoint: str, why: str) -> BackendError:
     return BackendError(f"etcd at {endpoint} refuses a request this large ({why}): use shorter lock names and keys")
 
 
+def _decode_answer(body: bytes, headers: dict[str, str]) -> tuple[dict[str, Any], int]:
+    """A success's JSON object and its X-Etcd-Index (``UNREADABLE`` errors if it has neither)."""
+    decoded = json.loads(body.decode("utf-8"))
+    index = headers.get("x-etcd-index", "0")
+    if not isinstance(decoded, dict) or not (index.isascii() and index.isdigit()):
+        raise ValueError(f"not a JSON object with an X-Etcd-Index (X-Etcd-Index: {index[:40]!r})")
+    return decoded, int(index)
+
+
 class V2Lease(Lease):
     _ids = itertools.count(1)
 
@@ -104,13 +111,10 @@ class Etcd2Backend(Backend):
         self.prefix = options.prefix
         self.endpoints = options.endpoint_urls
         self.native = native  # a native_twin: connections of its own on unpatched sockets, OS locks
-        self._current = 0
-        self._new_lock = green.native_lock if native else threading.Lock
-        self._local = self._new_lock()
-        self._pools: list[Pool | None] = [None] * len(self.endpoints)
+        self._endpoints = Endpoints(options, native=native)
         self._cluster_ids: list[str | None] = [None] * len(self.endpoints)
-        self._watches = transport.OpenWatches()  # ended when the client moves to another endpoint
-        self._keys_path = "/v2/keys"
+        # the path of every key, %-encoded once (a prefix may hold any letter; names are encoded by keys.py)
+        self._keys_path = "/v2/keys" + quote(self.prefix, safe="/")
         self._headers: dict[str, str] = {}
         if options.username and options.password:
             credentials = base64.b64encode(f"{options.username}:{options.password}".encode()).decode("ascii")
@@ -122,15 +126,9 @@ class Etcd2Backend(Backend):
 
     # -- HTTP ---------------------------------------------------------------
 
-    def _pool(self, index: int) -> Pool:
-        """The connection pool of endpoint ``index`` (lock held), made on first use."""
-        pool = self._pools[index]
-        if pool is None:
-            pool = self._pools[index] = transport.endpoint_pool(self.options, index, native_sockets=self.native)
-        return pool
-
     def _path(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if key else self.prefix
+        """The request path of ``key``: the (encoded) prefix, then the key (made of URL-safe characters already)."""
+        return f"{self._keys_path}/{quote(key, safe='/~')}" if key else self._keys_path
 
     def _relative(self, path: str) -> str:
         return path[len(self.prefix) + 1 :]
@@ -143,11 +141,9 @@ class Etcd2Backend(Backend):
         As python-etcd's ``api_execute``: GET and DELETE carry ``params`` in the query,
         PUT and POST as a form.
         """
-        with self._local:
-            index = self._current
-            pool = self._pool(index)
+        index, pool = self._endpoints.pick()
         endpoint = self.endpoints[index]
-        url = f"{self._keys_path}{self._path(key)}"
+        url = self._path(key)
         body = b""
         headers = self._headers
         if method in ("PUT", "POST"):
@@ -162,28 +158,25 @@ class Etcd2Backend(Backend):
             response = pool.request(method, url, body, headers, timeout or self.options.timeout, stream=watch)
             if watch:  # etcd sends the headers at once, the body on the event: leaving the endpoint ends it
                 try:
-                    with self._watches.watching(index, response, lambda: self._current):
+                    with self._endpoints.watching(index, response):
                         response.read()
                 finally:
                     response.close()
         except OSError as exc:
             if watch and isinstance(exc, transport.ReadTimeout):
                 raise _WatchTimedOut() from None
-            self._rotate(index)
-            raise retry.Transient(endpoint, f"Connection to etcd failed due to {exc!r}") from None
+            raise self._endpoints.connection_failure(index, exc) from None
+        if watch and response.status == 200 and not response.body.strip():
+            raise _Failure(None, {}, f"{endpoint} ended the watch without an event")  # read again
         self._check_cluster_id(index, endpoint, response.headers.get("x-etcd-cluster-id"))
         if response.status not in (200, 201):
-            error = self._error(endpoint, response.status, response.body)
+            error = self._error(endpoint, response.status, response.body, response.headers)
             if isinstance(error, retry.Transient):
                 # no leader, or a write it could not commit in time (a member cut off from the others
                 # answers so after etcd's own request timeout): another member may serve it
-                self._rotate(index)
+                self._endpoints.rotate(index)
             raise error
-        try:
-            decoded = json.loads(response.body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            raise _Failure(None, {}, f"{endpoint} sent a response that is not JSON") from None
-        return decoded, int(response.headers.get("x-etcd-index", 0))
+        return self._endpoints.decoded(index, lambda: _decode_answer(response.body, response.headers))
 
     def _check_cluster_id(self, index: int, endpoint: str, cluster_id: str | None) -> None:
         """python-etcd's check: an endpoint whose cluster ID changes was replaced (say, from a backup)."""
@@ -191,25 +184,42 @@ class Etcd2Backend(Backend):
             return
         expected, self._cluster_ids[index] = self._cluster_ids[index], cluster_id
         if expected and cluster_id != expected:
-            with self._local:
-                pool, self._pools[index] = self._pools[index], None
-            if pool is not None:
-                pool.close()  # connect afresh next time
+            self._endpoints.reset(index)  # connect afresh next time
             raise self._classify(endpoint, {}, f"The UUID of the cluster changed from {expected} to {cluster_id}.")
 
-    def _error(self, endpoint: str, status: int, data: bytes) -> Exception:
-        """An answer other than 200/201, decoded as python-etcd's ``EtcdError.handle`` does."""
-        text = data.decode("utf-8")
+    def _error(self, endpoint: str, status: int, data: bytes, headers: dict[str, str]) -> Exception:
+        """An answer other than 200/201, decoded as python-etcd's ``EtcdError.handle`` does.
+
+        One that is not etcd's JSON error (a proxy's HTML page, a redirect) is judged by its status, as v3 does:
+        a 5xx is worth retrying, elsewhere too; anything else says the URL does not lead to etcd.
+        """
+        text = data.decode("utf-8", errors="replace")  # an error page in any encoding still gets shown
         try:
             payload = json.loads(text)
-            payload["status"] = status
-        except (TypeError, ValueError):
-            payload = {"message": "Bad response", "cause": text}
+        except UNREADABLE:
+            payload = None
+        if not isinstance(payload, dict) or not isinstance(payload.get("errorCode", 0), int):
+            shown = " ".join(text.split())[:120]
+            if status >= 500:
+                return retry.Transient(endpoint, f"HTTP {status} {shown!r}")
+            if 300 <= status < 400:
+                where = headers.get("location", "")[:200]
+                return UnsupportedServer(
+                    f"etcd at {endpoint} answered HTTP {status}, a redirect to {where!r}: redirects are not "
+                    "followed; give the client URL of etcd itself"
+                )
+            payload = {"message": f"HTTP {status}", "cause": shown}
+        payload["status"] = status
         return self._classify(endpoint, payload, f"{payload.get('message')} : {payload.get('cause')}")
 
     def _classify(self, endpoint: str, payload: dict[str, Any], message: str) -> Exception:
         code, status = payload.get("errorCode"), payload.get("status")
         cause = str(payload.get("cause", ""))
+        if code is None and status not in (None, 401, 404, 413, 431) and "404 page not found" not in cause:
+            return UnsupportedServer(
+                f"{endpoint} is not an etcd v2 server: it answered {message[:160]}; etcd:// needs the client URL "
+                "of etcd 3.4 or 3.5 with --enable-v2"
+            )
         # net/http's 413 and 431 are plain text (no status in the payload then); a form over 10 MB is code 209
         if status in (413, 431) or " Too Large" in cause or (code == _INVALID_FORM and "too large" in message):
             return _too_large(endpoint, f"{payload.get('message')}: {cause[:80]}")
@@ -231,25 +241,16 @@ class Etcd2Backend(Backend):
 
     def _peer_port_error(self, endpoint: str) -> UnsupportedServer | None:
         """An UnsupportedServer if ``endpoint`` is an etcd member's peer port (which answers 404 to /v2/keys)."""
-        with self._local:
-            pool = self._pool(self.endpoints.index(endpoint))
+        pool = self._endpoints.pool(self.endpoints.index(endpoint))
         try:
             response = pool.request("GET", "/members", timeout=self.options.timeout)
         except OSError:
             return None
         return peer_port_error(endpoint, response.status, response.body)
 
-    def _rotate(self, failed: int) -> None:
-        with self._local:
-            if self._current != failed or len(self.endpoints) == 1:
-                return
-            self._current = (failed + 1) % len(self.endpoints)
-            logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self._current])
-        self._watches.leave(failed)
-
     def _retrying(self, operation: str, fn: Callable[[], T]) -> T:
         try:
-            return retry.call(self.options.retry_max_delay, operation, fn, self.endpoints)
+            return retry.call(self.options.retry_max_delay, operation, self._endpoints.guarded(fn), self.endpoints)
         except _Failure as exc:
             raise BackendError(f"etcd {operation} failed: {exc}") from None
 
@@ -278,7 +279,7 @@ class Etcd2Backend(Backend):
                     raise BackendError(f"renewal of {entry.key} failed: {exc}") from None
                 gone.add(entry.key)
             except _WatchTimedOut:  # pragma: no cover - not a watch
-                raise retry.Transient(self.endpoints[self._current], "renewal timed out") from None
+                raise retry.Transient(self.endpoints[self._endpoints.current], "renewal timed out") from None
         return gone
 
     def revoke(self, lease: Lease, entries: list[Entry]) -> None:
@@ -372,7 +373,8 @@ class Etcd2Backend(Backend):
             what, params = f"{len(entries)} keys of {path}", {"wait": "true", "recursive": "true"}
         wait_index = after_revision + 1
 
-        def poll() -> dict[str, Any] | WaitResult:
+        def poll() -> tuple[bool, int] | WaitResult:
+            """An event: (is it one of the entries gone?, its index); or what the wait came to."""
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return WaitResult.TIMEOUT
@@ -384,7 +386,9 @@ class Etcd2Backend(Backend):
                 if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
                     return WaitResult.STALE
                 raise
-            return body
+            node = body["node"]
+            gone = body.get("action") in _GONE_ACTIONS and self._relative(node["key"]) in keys
+            return gone, int(node["modifiedIndex"])
 
         while True:
             # each poll has a retry budget of its own: a wait that worked for long and then lost its
@@ -392,10 +396,10 @@ class Etcd2Backend(Backend):
             answer = self._retrying(f"watch {what}", poll)
             if isinstance(answer, WaitResult):
                 return answer
-            node = answer["node"]
-            if answer.get("action") in _GONE_ACTIONS and self._relative(node["key"]) in keys:
+            gone, modified = answer
+            if gone:
                 return WaitResult.GONE
-            wait_index = int(node["modifiedIndex"]) + 1
+            wait_index = modified + 1
 
     def delete_entry(self, entry: Entry) -> bool:
         return self._delete(entry.key, {"prevValue": entry.raw})
@@ -551,15 +555,9 @@ class Etcd2Backend(Backend):
     # -- process life -------------------------------------------------------
 
     def after_fork(self) -> None:
-        self._local = self._new_lock()
-        self._watches = transport.OpenWatches()  # the parent's
-        self._pools = [None] * len(self.endpoints)  # the parent's sockets (and TLS state): dropped unclosed
+        self._endpoints.after_fork()
         self._cluster_ids = [None] * len(self.endpoints)
 
     def close(self) -> None:
-        with self._local:
-            pools, self._pools = self._pools, [None] * len(self.endpoints)
-            self._cluster_ids = [None] * len(self.endpoints)
-        for pool in pools:
-            if pool is not None:
-                pool.close()
+        self._endpoints.close()
+        self._cluster_ids = [None] * len(self.endpoints)

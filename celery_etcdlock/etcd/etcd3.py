@@ -145,7 +145,7 @@ class Etcd3Backend(Backend):
 
     def _retrying(self, operation: str, fn: Callable[[], T]) -> T:
         try:
-            return retry.call(self.options.retry_max_delay, operation, fn, self.endpoints)
+            return retry.call(self.options.retry_max_delay, operation, self.gateway.guarded(fn), self.endpoints)
         except Failure as exc:
             raise BackendError(f"etcd {operation} failed: {exc}") from None
 
@@ -173,6 +173,9 @@ class Etcd3Backend(Backend):
         return self._retrying(f"grant a {wanted}s lease", grant)
 
     def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
+        return self.gateway.guarded(lambda: self._keep_alive(lease, entries, timeout))()
+
+    def _keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
         """Renew the lease, confirm the renewal, then list the keys it still carries.
 
         A single attempt: the session retries. A raft leader renews a lease alone, from its own

@@ -51,19 +51,19 @@ import json
 import logging
 import socket
 import ssl
-import threading
 import time
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
-from .. import green
 from ..errors import AuthenticationFailed, BackendError, UnsupportedServer
 from ..options import ConnectionOptions
 from . import retry, transport
 from .base import peer_port_error
+from .endpoints import UNREADABLE, Endpoints, tls_refusal
 from .transport import Pool
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # gRPC status codes, as the gateway reports them in {"code": N, "message": ...}
 CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND = 1, 3, 4, 5
@@ -80,6 +80,8 @@ _TOO_LARGE_MESSAGES = ("larger than max", "request is too large")
 _API_PATHS = ((3, 4, "/v3/"), (3, 3, "/v3beta/"), (3, 0, "/v3alpha/"))  # etcd version -> gateway path
 
 _JSON = {"Content-Type": "application/json"}
+# what may be sent twice at once if a reused connection was closed under it (see transport.py): reads, and a renewal
+_IDEMPOTENT = frozenset({"kv/range", "kv/lease/timetolive", "lease/keepalive", "auth/authenticate"})
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # built once: json.dumps with options builds one per call
 
 
@@ -134,18 +136,23 @@ class Gateway:
         self.options = options
         self.endpoints = options.endpoint_urls
         self.native = native
-        self.current = 0  # the endpoint requests go to
-        self._new_lock = green.native_lock if native else threading.Lock
-        self._local = self._new_lock()
-        self._pools: list[Pool | None] = [None] * len(self.endpoints)
+        self._endpoints = Endpoints(options, native=native)  # pools, the current one, fail-over, open watches
         self._api_paths = ["/v3/"] * len(self.endpoints)
         # has it ever answered like an etcd gateway? A native gateway never probes what a server is (its probes
         # would use gevent's sockets): the process's main gateway has talked to the server before it.
         self._answered = [native] * len(self.endpoints)
-        self._watches = transport.OpenWatches()  # ended when the client moves to another endpoint
-        self._auth_lock = self._new_lock()
+        self._auth_lock = self._endpoints.new_lock()
         self._token: str | None = None
         self._auth_enabled = options.username is not None
+
+    @property
+    def current(self) -> int:
+        """The endpoint requests go to."""
+        return self._endpoints.current
+
+    def guarded(self, fn: Callable[[], T]) -> Callable[[], T]:
+        """``fn``, which reads answers, with an answer of the wrong shape a ``BackendError`` (or a fail-over)."""
+        return self._endpoints.guarded(fn)
 
     # -- requests -----------------------------------------------------------
 
@@ -190,13 +197,14 @@ class Gateway:
                 _encode(body).encode("utf-8"),
                 _headers(token),
                 timeout or self.options.timeout,
+                idempotent=path in _IDEMPOTENT,
             )
         except OSError as exc:
             raise self._connection_failure(index, exc) from None
         if response.status == 200:
             try:
                 answer = json.loads(response.body)
-            except ValueError:
+            except UNREADABLE:
                 answer = None
             if isinstance(answer, dict):
                 self._answered[index] = True
@@ -226,7 +234,7 @@ class Gateway:
         try:
             if response.status != 200:
                 raise self._error(index, "watch", response.status, response.read())
-            with self._watches.watching(index, response, lambda: self.current):  # ended if the client moves on
+            with self._endpoints.watching(index, response):  # ended if the client moves on
                 for line in response.lines(deadline):
                     message = json.loads(line) if line.strip() else None
                     if not isinstance(message, dict):
@@ -247,34 +255,20 @@ class Gateway:
                     yield result
             if response.complete and time.monotonic() < deadline:
                 raise retry.Transient(endpoint, "the watch stream ended")
-        except (OSError, ValueError) as exc:
+        except (OSError, *UNREADABLE) as exc:  # a line of the wrong shape too: a stream we cannot follow
             if time.monotonic() < deadline - 0.001:
                 self._rotate(index)
-                raise retry.Transient(endpoint, f"watch failed: {exc}") from None
+                raise retry.Transient(endpoint, f"watch failed: {type(exc).__name__}: {str(exc)[:200]}") from None
         finally:
             response.close()  # a stream cut short: its connection is closed; the pool opens another when needed
 
     # -- endpoints ----------------------------------------------------------
 
-    def _pool(self, index: int) -> Pool:
-        """The connection pool of endpoint ``index`` (lock held), made on first use."""
-        pool = self._pools[index]
-        if pool is None:
-            pool = self._pools[index] = transport.endpoint_pool(self.options, index, native_sockets=self.native)
-        return pool
-
     def _pick(self) -> tuple[int, Pool]:
-        with self._local:
-            index = self.current
-            return index, self._pool(index)
+        return self._endpoints.pick()
 
     def _rotate(self, failed: int) -> None:
-        with self._local:
-            if self.current != failed or len(self.endpoints) == 1:
-                return
-            self.current = (failed + 1) % len(self.endpoints)
-            logger.warning("etcd %s failed; switching to %s", self.endpoints[failed], self.endpoints[self.current])
-        self._watches.leave(failed)
+        self._endpoints.rotate(failed)
 
     # -- what an answer means -----------------------------------------------
 
@@ -283,7 +277,7 @@ class Gateway:
         endpoint = self.endpoints[index]
         try:
             answer = json.loads(data)
-        except ValueError:
+        except UNREADABLE:
             answer = None
         if isinstance(answer, dict):
             # a unary call's error is the answer itself; a streaming call's (lease/keepalive) sits in "error"
@@ -328,36 +322,25 @@ class Gateway:
             return AuthenticationFailed(self._auth_message(index, f"was refused ({message})"))
         return Failure(code, f"{endpoint}: {message}")
 
-    def _connection_failure(self, index: int, exc: Exception) -> Exception:
+    def _connection_failure(self, index: int, exc: OSError) -> Exception:
+        """What a request's ``exc`` means: first, at a first contact, what the server is if not etcd's gateway."""
         endpoint = self.endpoints[index]
-        first_contact = not self._answered[index]
-        if isinstance(exc, ssl.SSLError):
-            text = str(exc)
-            if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-                return BackendError(
-                    f"the TLS certificate of {endpoint} could not be verified: {exc} "
-                    "(give the CA that signed it with ?ca=/path/to/ca.pem)"
-                )
-            if any(alert in text for alert in ("ALERT_BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "UNKNOWN_CA")):
-                return BackendError(
-                    f"{endpoint} refused the TLS connection ({exc}): it wants a client certificate it trusts "
-                    "(give ?cert=/path/to/client.pem&key=/path/to/client.key)"
-                )
-            if first_contact and self._greeting(index).startswith(b"HTTP/"):
-                return UnsupportedServer(f"{endpoint} does not speak TLS, only plain HTTP: use etcd3:// for it")
-        elif first_contact and isinstance(exc, (transport.NotHTTP, ConnectionResetError)):
-            # Redis, for one, hangs up without a word on an HTTP request with a Host header.
-            greeting = self._greeting(index)
-            if (not greeting or greeting.startswith(b"\x15\x03")) and self._speaks_tls(index):
-                return UnsupportedServer(f"{endpoint} speaks TLS only: use etcd3s:// (with ?ca= for its CA)")
-            if greeting and not greeting.startswith(b"HTTP/"):
-                line = greeting.split(b"\r\n", 1)[0].decode("utf-8", errors="replace")
-                return UnsupportedServer(
-                    f"{endpoint} is not an etcd server: it does not speak HTTP (it answered {line[:80]!r}); "
-                    "etcd3:// needs the client URL of an etcd 3 server"
-                )
-        self._rotate(index)
-        return retry.Transient(endpoint, exc)
+        if not self._answered[index] and tls_refusal(endpoint, exc) is None:
+            if isinstance(exc, ssl.SSLError):
+                if self._greeting(index).startswith(b"HTTP/"):
+                    return UnsupportedServer(f"{endpoint} does not speak TLS, only plain HTTP: use etcd3:// for it")
+            elif isinstance(exc, (transport.NotHTTP, ConnectionResetError)):
+                # Redis, for one, hangs up without a word on an HTTP request with a Host header.
+                greeting = self._greeting(index)
+                if (not greeting or greeting.startswith(b"\x15\x03")) and self._speaks_tls(index):
+                    return UnsupportedServer(f"{endpoint} speaks TLS only: use etcd3s:// (with ?ca= for its CA)")
+                if greeting and not greeting.startswith(b"HTTP/"):
+                    line = greeting.split(b"\r\n", 1)[0].decode("utf-8", errors="replace")
+                    return UnsupportedServer(
+                        f"{endpoint} is not an etcd server: it does not speak HTTP (it answered {line[:80]!r}); "
+                        "etcd3:// needs the client URL of an etcd 3 server"
+                    )
+        return self._endpoints.connection_failure(index, exc)
 
     def _greeting(self, index: int) -> bytes:
         """The first bytes a plain ``GET /version HTTP/1.0`` gets from the endpoint (b"" if none)."""
@@ -386,8 +369,7 @@ class Gateway:
 
     def _get(self, index: int, path: str) -> tuple[int, bytes]:
         """A plain ``GET`` of ``path`` on endpoint ``index``, to find out what the server is: (0, b"") if none."""
-        with self._local:
-            pool = self._pool(index)
+        pool = self._endpoints.pool(index)
         try:
             response = pool.request("GET", path, timeout=self.options.timeout)
         except OSError:
@@ -403,7 +385,7 @@ class Gateway:
         probe_status, probe = self._get(index, "/version")
         try:
             version_text = json.loads(probe).get("etcdserver") if probe_status == 200 else None
-        except (ValueError, AttributeError):
+        except UNREADABLE:
             version_text = None
         if not isinstance(version_text, str):
             return UnsupportedServer(
@@ -459,9 +441,13 @@ class Gateway:
         except _TokenRejected as exc:
             raise AuthenticationFailed(self._auth_message(index, f"was refused ({exc})")) from None
         token = answer.get("token")
-        if not token:
+        if not token or not isinstance(token, str):
             raise AuthenticationFailed(self._auth_message(index, "got no token from authenticate"))
-        self._token = str(token)
+        if not token.isascii() or not token.isprintable():  # a CR or LF would end the header: never sent
+            raise AuthenticationFailed(
+                self._auth_message(index, "got a token with a line break or another control character: refused")
+            )
+        self._token = token
         logger.debug("authenticated to etcd at %s as %r", self.endpoints[index], self.options.username)
 
     def _drop_token(self, token: str | None) -> None:
@@ -472,18 +458,11 @@ class Gateway:
     # -- process life -------------------------------------------------------
 
     def after_fork(self) -> None:
-        # The parent's pools hold its sockets (and TLS state): drop them unclosed.
-        self._local = self._new_lock()
-        self._auth_lock = self._new_lock()
-        self._pools = [None] * len(self.endpoints)
-        self._watches = transport.OpenWatches()  # the parent's
+        self._endpoints.after_fork()  # the parent's pools hold its sockets (and TLS state): dropped unclosed
+        self._auth_lock = self._endpoints.new_lock()
 
     def close(self) -> None:
-        with self._local:
-            pools, self._pools = self._pools, [None] * len(self.endpoints)
-        for pool in pools:
-            if pool is not None:
-                pool.close()
+        self._endpoints.close()
 
 
 class Watch:

@@ -87,3 +87,49 @@ def keep_alive(conn: socket.socket, number: int, next_request: Callable[[], byte
     """Answer every request with ``OK``, on a kept-alive connection."""
     while next_request():
         conn.sendall(OK)
+
+
+class Proxy:
+    """A TCP proxy on loopback to ``target`` (host, port) that can turn hostile: set ``trickle`` and every
+    answer from then on reaches the client one byte at a time, each well within any read timeout."""
+
+    def __init__(self, target: tuple[str, int], pace: float = 0.2) -> None:
+        self.target = target
+        self.pace = pace
+        self.trickle = False
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
+        with suppress(OSError):
+            while data := source.recv(65536):
+                if not (answers and self.trickle):
+                    sink.sendall(data)
+                    continue
+                for i in range(len(data)):
+                    if self._closed.wait(self.pace):  # the hostile pace (not a synchronisation): until closed
+                        return
+                    sink.sendall(data[i : i + 1])
+        with suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._closed.set()
+        self.listener.close()
