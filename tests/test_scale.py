@@ -7,8 +7,10 @@ on a response whatever the number of locks a process holds, and the requests sta
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +45,18 @@ def test_a_session_spreads_its_entries_over_leases_of_bounded_size(
         assert len(s._leases) == 1  # the full leases went with their last entry; the shared one lapses
     finally:
         client.close()
+
+
+def test_bench_scale_runs_its_smallest_cell(tmp_path: Path) -> None:
+    """The capacity benchmark's harness works: 10 clients holding nothing, then one lock each, on one etcd."""
+    pytest.importorskip("urllib3")  # bench.common counts requests through it in every host process
+    from bench import bench_scale
+
+    out = tmp_path / "scale.json"
+    assert (
+        bench_scale.main(["--quick", "--targets", "single", "--only", "idle", "--cells", "1", "--json", str(out)]) == 0
+    )
+    rows = {row["k"]: row for row in json.loads(out.read_text())["idle"]}
+    assert sorted(rows) == [0, 1]
+    assert rows[0]["requests"] == 0 and rows[0]["leases"] == 0  # a client that holds nothing sends nothing
+    assert rows[1]["held"] == 10 and rows[1]["lost"] == 0 and rows[1]["leases"] == 10  # a lease per client

@@ -1,0 +1,135 @@
+"""Capacity at scale: what one etcd serves as the fleet, its locks, its runs and its beats grow (issue 26).
+
+    python -m bench.bench_scale                      # both targets, every workload: about 12-15 minutes
+    python -m bench.bench_scale --quick              # a smoke run: about 2 minutes
+    python -m bench.bench_scale --targets single --only idle --json out.json --markdown out.md
+    python -m bench.bench_scale --quick --only idle --targets single --cells 1    # the smallest cell
+
+Targets: a real 3-member etcd 3.5 cluster on loopback ("cluster") and a single member ("single"),
+each started fresh on free ports. Workloads (``--only``, comma-separated):
+
+- idle: N clients (each its own connect(): session, lease, renewer), each holding K locks, for
+  N = 10, 100, 1000 and K = 0, 1, 10, 100 at ttl 10, and N=100 K=1 at ttl 30; the raw floor (a lease
+  per client, one keep-alive every ttl/3) and tooz's etcd3gw locks on a few cells;
+- busy: closed loops of singleton runs through SingletonTask's lock path (``task(i)``, no broker) on
+  distinct keys, 1 to 48 loops, beside the raw floor of the same two writes;
+- hot: 3 hot locks with 100 waiters each (a client each), all queued, then released: a release must
+  wake one waiter (watch events per handoff ~1, not ~100);
+- beats: 2, 10, 50 LeaderScheduler followers of one leader: the cost of each; then the leader
+  SIGKILLed: the take-over time;
+- renewal: what a v3 renewal reads (its lease's key listing) with 100, 10,000 and 100,000 keys on one lease.
+
+Everything runs on the one machine, clients and etcd alike: say where a figure is bound by the
+harness (docs/capacity.md does). The load average is printed with every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Pool
+from bench.scale import report, workloads
+from bench.scale.target import Target, machine_load
+
+WORKLOADS = ("idle", "busy", "hot", "beats", "renewal")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def for_target(settings: workloads.Settings, kind: str, quick: bool) -> workloads.Settings:
+    """The single member repeats the cluster's cells up to 10,000 locks and one beat size: the flatness in K
+    and the beat's fail-over are shown on the cluster, and the whole run must stay within 15 minutes."""
+    if kind != "single" or quick:
+        return settings
+    return dataclasses.replace(settings, max_locks=10_000, beat_followers=[10], tooz_cells=[])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = workloads.Settings.make(args.quick)
+    if args.cells:  # the smallest cells only: the harness's own test
+        settings.fleet_sizes = settings.fleet_sizes[: args.cells]
+        settings.locks_per_client = settings.locks_per_client[: args.cells + 1]
+        settings.other_ttls = []
+        settings.window = min(settings.window, 2.0)
+    only = args.only.split(",") if args.only else list(WORKLOADS)
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown:
+        raise SystemExit(f"bench_scale: unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    targets = args.targets.split(",")
+    results: dict[str, Any] = {
+        "settings": dataclasses.asdict(settings),
+        "targets": targets,
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "load_start": machine_load()},
+    }
+    started = time.monotonic()
+    settings.deadline = started + args.budget
+    pool = Pool(preload=["bench.scale.fleet"])
+    try:
+        for kind in targets:
+            settings = for_target(settings, kind, args.quick)
+            with Target(kind) as target:
+                print(f"{kind}: etcd 3.5 on {', '.join(target.endpoints)} (load {machine_load()})", flush=True)
+                if "renewal" in only:
+                    results.setdefault("renewal", []).extend(workloads.renewal_read(target, settings.renewal_sizes))
+                if "idle" in only:
+                    for fleet in ("ours", "floor", "tooz"):
+                        if fleet != "ours" and args.cells:
+                            continue
+                        results.setdefault("idle", []).extend(workloads.idle_fleet(target, pool, settings, fleet))
+                if time.monotonic() > settings.deadline:
+                    print("bench_scale: the time budget is spent: stopping", flush=True)
+                    break
+                if "busy" in only:
+                    for path in ("ours", "floor"):
+                        results.setdefault("busy", []).extend(workloads.busy_fleet(target, pool, settings, path))
+                if "hot" in only:
+                    results.setdefault("hot", []).extend(workloads.hot_keys(target, pool, settings))
+                if "beats" in only:
+                    results.setdefault("beats", []).extend(workloads.beats(target, pool, settings))
+    finally:
+        pool.close()
+    results["machine"].update(load_end=machine_load(), seconds=time.monotonic() - started)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: smaller cells, shorter windows")
+    parser.add_argument("--targets", default="cluster,single", help="cluster, single or both (comma-separated)")
+    parser.add_argument("--only", default="", help=f"a subset of {', '.join(WORKLOADS)}")
+    parser.add_argument("--cells", type=int, default=0, help="idle: only the first CELLS fleet sizes (a smoke test)")
+    parser.add_argument("--budget", type=float, default=840.0, help="seconds; cells not started by then are skipped")
+    parser.add_argument("--json", type=Path, help="write every raw number here")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument("--plot", type=Path, help="write the idle fleet's plot (PNG) here")
+    args = parser.parse_args(argv)
+    results = run(args)
+    text = report.markdown(results)
+    m = results["machine"]
+    header = (
+        f"bench_scale{' --quick' if args.quick else ''}: {m['seconds']:.0f} s on {m['cores']} cores, "
+        f"Python {m['python']}, load average {m['load_start']} at the start, {m['load_end']} at the end\n"
+    )
+    print("\n" + header + "\n" + text)
+    if args.markdown:
+        args.markdown.write_text(header + "\n" + text)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    if args.plot and "idle" in results and not report.plot(results, str(args.plot)):
+        print("bench_scale: matplotlib is not installed: no plot", file=sys.stderr)
+    lost = sum(r.get("lost", 0) for r in results.get("idle", []))
+    if lost:
+        print(f"bench_scale: {lost} locks were lost during the idle fleet", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
