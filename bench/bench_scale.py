@@ -1,12 +1,13 @@
 """Capacity at scale: what one etcd serves as the fleet, its locks, its runs and its beats grow (issue 26).
 
     python -m bench.bench_scale                      # both targets, every workload: about 12-15 minutes
-    python -m bench.bench_scale --quick              # a smoke run: about 2 minutes
+    python -m bench.bench_scale --quick              # a smoke run: about 3-4 minutes
     python -m bench.bench_scale --targets single --only idle --json out.json --markdown out.md
     python -m bench.bench_scale --quick --only idle --targets single --cells 1    # the smallest cell
 
-Targets: a real 3-member etcd 3.5 cluster on loopback ("cluster") and a single member ("single"),
-each started fresh on free ports. Workloads (``--only``, comma-separated):
+Targets: a real 3-member etcd cluster on loopback ("cluster") and a single member ("single"), each started
+fresh on free ports; ``--etcd`` picks the release line (3.5, the default; 3.6 or 3.7: tests/support builds
+them). Workloads (``--only``, comma-separated):
 
 - idle: N clients (each its own connect(): session, lease, renewer), each holding K locks, for
   N = 10, 100, 1000 and K = 0, 1, 10, 100 at ttl 10, and N=100 K=1 at ttl 30; the raw floor (a lease
@@ -37,7 +38,7 @@ from typing import Any
 
 from bench.common import Pool
 from bench.scale import report, workloads
-from bench.scale.target import Target, machine_load
+from bench.scale.target import VERSION, Target, machine_load
 
 WORKLOADS = ("idle", "busy", "hot", "beats", "renewal")
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "settings": dataclasses.asdict(settings),
         "targets": targets,
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "load_start": machine_load()},
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_start": machine_load(),
+            "etcd": args.etcd,
+        },
     }
     started = time.monotonic()
     settings.deadline = started + args.budget
@@ -74,8 +80,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for kind in targets:
             settings = for_target(settings, kind, args.quick)
-            with Target(kind) as target:
-                print(f"{kind}: etcd 3.5 on {', '.join(target.endpoints)} (load {machine_load()})", flush=True)
+            with Target(kind, args.etcd) as target:
+                print(f"{kind}: etcd {args.etcd} on {', '.join(target.endpoints)} (load {machine_load()})", flush=True)
                 if "renewal" in only:
                     results.setdefault("renewal", []).extend(workloads.renewal_read(target, settings.renewal_sizes))
                 if "idle" in only:
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="cluster,single", help="cluster, single or both (comma-separated)")
     parser.add_argument("--only", default="", help=f"a subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--cells", type=int, default=0, help="idle: only the first CELLS fleet sizes (a smoke test)")
+    parser.add_argument("--etcd", default=VERSION, help="the etcd release line: 3.5 (default), 3.6 or 3.7")
     parser.add_argument("--budget", type=float, default=840.0, help="seconds; cells not started by then are skipped")
     parser.add_argument("--json", type=Path, help="write every raw number here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")

@@ -1,4 +1,4 @@
-"""Capacity: what stays flat as the work grows (issue 26), on a real etcd 3.5.
+"""Capacity: what stays flat as the work grows (issue 26), on a real etcd (the default v3 kind).
 
 A v3 session's renewal lists the keys of its lease (etcd's LeaseTimeToLive with keys, unpaged), so one
 lease carries at most ``session.ENTRIES_PER_LEASE`` entries: the answer stays far below the transport's cap
@@ -17,15 +17,16 @@ import pytest
 from celery_etcdlock import Mutex, connect
 from celery_etcdlock.locks import session
 from tests.support import EtcdServer
+from tests.support.etcd_versions import DEFAULT_KIND
 
 from .test_gateway import count_requests
 
 
 def test_a_session_spreads_its_entries_over_leases_of_bounded_size(
-    etcd35_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+    etcd_v3_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(session, "ENTRIES_PER_LEASE", 3)
-    client = connect(etcd35_server.url(prefix=f"/scale-{uuid.uuid4().hex[:8]}"), retry_max_delay=10)
+    client = connect(etcd_v3_server.url(prefix=f"/scale-{uuid.uuid4().hex[:8]}"), retry_max_delay=10)
     locks = [Mutex(client, f"held-{i}", ttl=60) for i in range(7)]  # ttl 60: the renewer sleeps 20 s
     try:
         for lock in locks:
@@ -53,9 +54,8 @@ def test_bench_scale_runs_its_smallest_cell(tmp_path: Path) -> None:
     from bench import bench_scale
 
     out = tmp_path / "scale.json"
-    assert (
-        bench_scale.main(["--quick", "--targets", "single", "--only", "idle", "--cells", "1", "--json", str(out)]) == 0
-    )
+    argv = ["--quick", "--targets", "single", "--only", "idle", "--cells", "1", "--json", str(out)]
+    assert bench_scale.main([*argv, "--etcd", DEFAULT_KIND["v3"].version]) == 0
     rows = {row["k"]: row for row in json.loads(out.read_text())["idle"]}
     assert sorted(rows) == [0, 1]
     assert rows[0]["requests"] == 0 and rows[0]["leases"] == 0  # a client that holds nothing sends nothing
