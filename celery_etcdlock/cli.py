@@ -29,6 +29,7 @@ import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 from . import keys
+from .beat.entries import entries_prefix
 from .beat.scheduler import STATE_KIND as BEAT_STATE_KIND
 from .errors import EtcdLockError
 from .etcd.base import Entry
@@ -99,6 +100,7 @@ class ElectionState:
     candidates: list[Request]  # standing by, in the order they would take over
     since: str | None = None  # when the leader took over (a beat's state document records it), ISO 8601
     changes: int | None = None  # how many times a process took over from another (the first counts; beat only)
+    runtime_entries: int | None = None  # a beat's entries saved at run time (LeaderSchedulerEntry)
 
 
 def _first_str(mapping: dict[str, Any], *names: str) -> str | None:
@@ -132,11 +134,13 @@ def list_elections(client: Client) -> list[ElectionState]:
         if not entries:
             continue
         name = _queue_name(queue_key)
-        since = changes = None
+        since = changes = runtime = None
         if name.startswith("beat/"):  # a beat leader records when it took over, in the schedule's state
-            record = beat_states.get(name.removeprefix("beat/"))
+            beat = name.removeprefix("beat/")
+            record = beat_states.get(beat)
             if record is not None and record.value.get("token") == entries[0].token:
                 since, changes = record.value.get("since"), record.value.get("changes")
+            runtime = len(client.backend.read_records(entries_prefix(beat)).records)
         states.append(
             ElectionState(
                 name=name,
@@ -144,6 +148,7 @@ def list_elections(client: Client) -> list[ElectionState]:
                 candidates=[Request.from_entry(e, "candidate") for e in entries[1:]],
                 since=since,
                 changes=changes,
+                runtime_entries=runtime,
             )
         )
     return sorted(states, key=lambda s: s.name)
@@ -240,11 +245,21 @@ def elections_table(states: Sequence[ElectionState]) -> str:
         if state.leader is not None:
             leader = state.leader
             rows.append(
-                [state.name, "leader", leader.holder, leader.token, _ttl_text(leader.ttl), state.since, state.changes]
+                [
+                    state.name,
+                    "leader",
+                    leader.holder,
+                    leader.token,
+                    _ttl_text(leader.ttl),
+                    state.since,
+                    state.changes,
+                    state.runtime_entries,
+                ]
             )
         for candidate in state.candidates:
-            rows.append(["", "candidate", candidate.holder, candidate.token, _ttl_text(candidate.ttl), "", ""])
-    return format_table(["ELECTION", "ROLE", "IDENTITY", "TOKEN", "TTL", "SINCE", "CHANGES"], rows)
+            rows.append(["", "candidate", candidate.holder, candidate.token, _ttl_text(candidate.ttl), "", "", ""])
+    headers = ["ELECTION", "ROLE", "IDENTITY", "TOKEN", "TTL", "SINCE", "CHANGES", "RUNTIME ENTRIES"]
+    return format_table(headers, rows)
 
 
 def _json(value: object) -> str:

@@ -18,6 +18,7 @@ from celery.bin.celery import celery as celery_cli
 from celery.schedules import crontab
 from click.testing import CliRunner, Result
 
+from celery_etcdlock import Election, connect
 from celery_etcdlock.beat import LeaderSchedulerEntry
 from celery_etcdlock.cli_schedule import parse_cron, parse_interval
 from tests.test_cli import make_app, split_url
@@ -184,3 +185,22 @@ def test_import_redbeat_names_an_unreachable_redis(run: Callable[..., Result]) -
     result = run("import-redbeat", "--redis-url", "redis://127.0.0.1:1/0", "--timeout", "0.5")
     assert result.exit_code != 0 and "could not read RedBeat's entries" in result.output
     assert "Traceback" not in result.output
+
+
+def test_leader_shows_how_many_runtime_entries_a_beat_has(
+    run: Callable[..., Result], app: Celery, app_module: str, etcd_url: str
+) -> None:
+    LeaderSchedulerEntry("one", "t", 60, app=app).save()
+    LeaderSchedulerEntry("two", "t", 60, app=app).save()
+    url, prefix = split_url(etcd_url)
+    election = Election(connect(url, prefix=prefix), f"beat/{app_module}", identity="beat-host:1", ttl=5)
+    assert election.campaign(timeout=10)
+    try:
+        result = CliRunner().invoke(celery_cli, ["-A", app_module, "etcdlock", "leader", "--json"])
+        assert result.exit_code == 0, result.output
+        [state] = [s for s in json.loads(result.output) if s["name"] == f"beat/{app_module}"]
+        assert state["runtime_entries"] == 2
+        table = CliRunner().invoke(celery_cli, ["-A", app_module, "etcdlock", "leader"]).output
+        assert "RUNTIME ENTRIES" in table.splitlines()[0]
+    finally:
+        election.resign()
