@@ -51,7 +51,7 @@ from ..errors import BackendError
 from ..locks.client import Client
 from ..locks.election import Election
 from ..locks.store import DocumentStore, FenceLost
-from ..settings import Settings, client_for, enable_metrics
+from ..settings import Settings, check_at_start, client_for, enable_metrics
 from .runs import STATE_KIND, RunRecords, RunState, encode_time
 from .stores import hooks_for
 
@@ -114,6 +114,7 @@ class LeaderMixin:
         identity: str | None = None,
         **kwargs: Any,
     ) -> None:
+        check_at_start(app, "beat")  # bad settings: one line and exit status 78, not a traceback from beat
         settings = Settings.from_app(app)
         enable_metrics(app)
         self.beat_ttl = settings.beat_ttl
