@@ -37,7 +37,7 @@ class Settings:
     max_locks: int = 0  # a cap on N x K for a target (0: none)
     deadline: float = float("inf")  # monotonic: cells not started by then are skipped (the run stops itself)
     floor_cells: list[tuple[int, int]] = field(default_factory=lambda: [(100, 10), (1000, 10)])
-    tooz_cells: list[tuple[int, int]] = field(default_factory=lambda: [(10, 1), (10, 10), (100, 1), (100, 10)])
+    tooz_cells: list[tuple[int, int]] = field(default_factory=lambda: [(10, 1), (100, 1), (100, 10)])
     busy_threads: list[int] = field(default_factory=lambda: [1, 4, 16, 48])
     busy_seconds: float = 5.0
     hot_names: int = 3
