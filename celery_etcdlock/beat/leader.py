@@ -268,6 +268,7 @@ class LeaderMixin:
         return self._election
 
     def _follow_events(self, election: Election) -> None:
+        failing = False
         for event in election.events():
             if event.kind == "elected":
                 logger.info("beat %s: elected leader of beat/%s (token %s)", self.identity, self.name, election.token)
@@ -281,9 +282,15 @@ class LeaderMixin:
             elif event.kind == "changed":
                 logger.info("beat %s: the leader of beat/%s is now %s", self.identity, self.name, event.leader)
             elif event.kind == "error":
-                logger.warning(
-                    "beat %s: election beat/%s: %s", self.identity, self.name, getattr(event, "error", event)
+                # one WARNING per outage (the election retries every second or so), the rest at DEBUG
+                log = logger.debug if failing else logger.warning
+                log(
+                    "beat %s: could not campaign for beat/%s (%s); not sending, trying again",
+                    self.identity,
+                    self.name,
+                    event.error or "unknown error",
                 )
+            failing = event.kind == "error"
             self._wake.set()
 
     def _stand_by(self, election: Election) -> float:

@@ -126,7 +126,8 @@ class RunRecords:
             "leader": self.identity,
             "token": token,
             "since": encode_time(now),
-            "changes": _count(previous.get("changes")) + (previous.get("leader") != self.identity),
+            # take-overs: a leader after another one (the first election, or a leader's own return, is none)
+            "changes": _count(previous.get("changes")) + (previous.get("leader") not in (None, self.identity)),
             "entries": {
                 name: {"last_run_at": encode_time(last), "total_run_count": count}
                 for name, (last, count) in adopted.items()

@@ -55,6 +55,7 @@ ELECTED, DEPOSED, CHANGED, ERROR = "elected", "deposed", "changed", "error"
 class LeaderEvent:
     kind: str
     leader: str | None
+    error: str | None = None  # "error" events: what failed, as a sentence
 
 
 _END = object()
@@ -170,7 +171,7 @@ class Election:
         self._threads = []
         self._events.put(_END)
 
-    def _emit(self, kind: str, leader: str | None) -> None:
+    def _emit(self, kind: str, leader: str | None, error: str | None = None) -> None:
         with self._emitting:
             if kind == ELECTED:
                 self._leading = True
@@ -179,7 +180,7 @@ class Election:
                     return  # already said, by whichever thread noticed first
                 self._leading = False
             if not self._stopping.is_set():
-                self._events.put(LeaderEvent(kind, leader))
+                self._events.put(LeaderEvent(kind, leader, error))
 
     def _campaign_loop(self) -> None:
         while not self._stopping.is_set():
@@ -189,8 +190,9 @@ class Election:
                 if not self._campaign(abort=self._stopping):
                     continue  # cancelled by resign() or stop()
             except Exception as exc:  # the campaign must outlive any failure, or the node never leads again
-                logger.warning("election %s: campaign of %s failed: %r", self.name, self.identity, exc)
-                self._emit(ERROR, None)
+                # DEBUG: the ERROR event carries it to whoever runs the election (a beat logs it as a WARNING)
+                logger.debug("election %s: campaign of %s failed: %s", self.name, self.identity, exc)
+                self._emit(ERROR, None, error=str(exc) or type(exc).__name__)
                 self._stopping.wait(min(1.0, self.ttl / 3))
                 continue
             if self._stopping.is_set() or self._resignations != resignations:
@@ -198,7 +200,8 @@ class Election:
                 with contextlib.suppress(NotHeld):
                     self._lock.release()
                 continue
-            logger.info("election %s: %s elected (token %s)", self.name, self.identity, self._lock.token)
+            # DEBUG: the ELECTED event and report tell the election's user, who logs it (a beat did twice)
+            logger.debug("election %s: %s elected (token %s)", self.name, self.identity, self._lock.token)
             self._emit(ELECTED, self.identity)
             while self._lock.held and not self._stopping.is_set() and self._resignations == resignations:
                 self._wake.wait(timeout=self.ttl / 3)  # woken on loss; the timeout is a safety net
@@ -237,8 +240,8 @@ class Election:
                     if result is not WaitResult.TIMEOUT:
                         break
             except Exception as exc:  # the observer must outlive any failure
-                logger.warning("election %s: observing the leader failed: %r", self.name, exc)
-                self._emit(ERROR, None)
+                logger.debug("election %s: observing the leader failed: %s", self.name, exc)
+                self._emit(ERROR, None, error=f"observing the leader failed: {exc}")
                 self._stopping.wait(min(1.0, self.ttl / 3))
 
     def _deposed(self, _lock: QueueLock) -> None:
