@@ -53,6 +53,7 @@ from ..locks.election import Election
 from ..locks.store import DocumentStore, FenceLost
 from ..settings import Settings, check_at_start, client_for, enable_metrics
 from .runs import STATE_KIND, RunRecords, RunState, encode_time
+from .runtime import APPLY_WITHIN, RuntimeEntries
 from .stores import hooks_for
 
 logger = get_logger(__name__)
@@ -99,12 +100,15 @@ class LeaderMixin:
     sets_up_when_elected = True
     #: True: the store's last runs count too (the later of it and etcd's wins); False: etcd's alone
     store_keeps_runs = True
+    #: True: the entries saved at run time (``LeaderSchedulerEntry``, beat/runtime.py) are sent beside the schedule
+    runtime_entries = False
 
     # what Scheduler provides (the mixin is always combined with it)
     app: Any
     max_interval: float
     _heap: Any
     schedule: Any
+    Entry: Any
 
     def __init__(
         self,
@@ -128,6 +132,7 @@ class LeaderMixin:
         self._closed = False
         self._in_etcd = False  # a signal handler calling close() must not reenter the client
         self._leading_token: int | None = None  # the election token this process took over with
+        self._runtime: RuntimeEntries | None = None  # the entries saved at run time, if runtime_entries
         self._set_up = False  # whether the wrapped setup_schedule() ran
         self._reserved: dict[str, ScheduleEntry] = {}  # entry name -> its next entry, from reserve()
         self._sending: tuple[ScheduleEntry, ScheduleEntry] | None = None  # (entry, reserved) being sent
@@ -158,7 +163,12 @@ class LeaderMixin:
             self._step_down("its election token changed")
             if not self._take_over(election):
                 return RETRY_AFTER
-        return float(super().tick(*args, **kwargs))  # type: ignore[misc]
+        if self._runtime is None:
+            return float(super().tick(*args, **kwargs))  # type: ignore[misc]
+        if self._runtime.apply(self.schedule):
+            self._heap = None
+        # a runtime entry saved now is applied within APPLY_WITHIN (a local look: no etcd request)
+        return min(float(super().tick(*args, **kwargs)), APPLY_WITHIN)  # type: ignore[misc]
 
     def reserve(self, entry: ScheduleEntry) -> ScheduleEntry:
         # DatabaseScheduler's reserve() does not put the next entry in the schedule: remember it here
@@ -213,6 +223,8 @@ class LeaderMixin:
         """Stop sending, sync while still leading, and resign so that a follower takes over at once."""
         self._closed = True
         self._wake.set()
+        if self._runtime is not None:
+            self._runtime.close()  # only sets a flag: this may be a signal handler
         try:
             super().close()  # type: ignore[misc]
         finally:
@@ -259,6 +271,8 @@ class LeaderMixin:
             client = self._client()
             self._runs = RunRecords(DocumentStore(client, STATE_KIND), self.name, self.identity)
             self._election = Election(client, f"beat/{self.name}", identity=self.identity, ttl=self.beat_ttl)
+            if self.runtime_entries:
+                self._runtime = RuntimeEntries(client, self.app, self.name, self.identity, self.Entry)
             self._election.start()
             self._events_thread = threading.Thread(
                 target=self._follow_events, args=(self._election,), name="etcdlock-beat-events", daemon=True
@@ -309,6 +323,8 @@ class LeaderMixin:
         self._reserved.clear()
         if self._runs is not None:
             self._runs.forget()
+        if self._runtime is not None:
+            self._runtime.stop(self.schedule)
         self._heap = None
 
     def _set_up_schedule(self) -> None:
@@ -367,6 +383,8 @@ class LeaderMixin:
                 continue  # the document changed since we read it: read it again
             for name, state in found.items():
                 self._adopt(schedule[name], state, now)
+            if self._runtime is not None and not self._take_over_runtime():
+                return False
             self._leading_token = token
             self._heap = None  # recompute every entry's next run from the adopted state
             logger.info(
@@ -399,6 +417,44 @@ class LeaderMixin:
             )
             self.adopt_run(entry, state[0], max(state[1], entry.total_run_count or 0))
 
+    def _take_over_runtime(self) -> bool:
+        assert self._runtime is not None
+        try:
+            self._in_etcd = True
+            try:
+                self._runtime.take_over(self.schedule)
+            finally:
+                self._in_etcd = False
+        except BackendError as exc:
+            logger.warning(
+                "beat %s: could not read the runtime entries of beat/%s (%s); not sending",
+                self.identity,
+                self.name,
+                exc,
+            )
+            return False
+        return True
+
+    def _record_runtime_run(self, reserved: ScheduleEntry) -> bool:
+        """Record a runtime entry's run in its own record, fenced. True if it may be sent now."""
+        assert self._runtime is not None and self._election is not None
+        try:
+            self._in_etcd = True
+            try:
+                recorded = self._runtime.record_run(reserved, self._election, self._leading_token)
+            finally:
+                self._in_etcd = False
+        except FenceLost:
+            self._step_down("its write was fenced off")
+            return False
+        except BackendError as exc:
+            logger.warning(
+                "beat %s: could not record the run of %s (%s); not sending it", self.identity, reserved.name, exc
+            )
+            self._step_down("etcd failed")
+            return False
+        return recorded and self.is_leader
+
     def _unreserve(self, entry: ScheduleEntry) -> None:
         self.schedule[entry.name] = entry  # not sent: do not pretend it ran
 
@@ -407,6 +463,8 @@ class LeaderMixin:
         election, runs = self._election, self._runs
         if not self.is_leader or election is None or runs is None or runs.state is None:
             return False
+        if self._runtime is not None and self._runtime.owns(entry.name):
+            return self._record_runtime_run(reserved)
         recorded = runs.stored(entry.name, self.app.timezone)
         if recorded is not None and _later(recorded[0], entry.last_run_at):
             # the store this entry came from is behind the records (a re-read of a store that a deposed
