@@ -223,10 +223,11 @@ def release_02(tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("v02")
     archive = subprocess.run(["git", "archive", V02, "celery_etcdlock"], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
-    code = "import celery_etcdlock.beat as b, celery_etcdlock as c; print(c.__version__, b.__file__)"
+    # as the celery program finds it (its sys.path starts with its own folder, not with the working directory)
+    code = "import sys; sys.path.pop(0); import celery_etcdlock.beat as b, celery_etcdlock as c; print(b.__file__)"
     env = {**os.environ, "PYTHONPATH": f"{where}{os.pathsep}{ROOT}"}
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert found.stdout.split() == ["0.2.0", str(where / "celery_etcdlock" / "beat.py")], found.stdout
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    assert found.stdout.split() == [str(where / "celery_etcdlock" / "beat.py")], found.stdout
     return where
 
 
