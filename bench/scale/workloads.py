@@ -294,8 +294,12 @@ def hot_keys(target: Target, pool: Pool, settings: Settings) -> list[dict[str, A
     before = target.sample()
     for lock in locks:
         lock.release()
-    results = [host.result(600) for host in hosts]
+    done = [host.wait_for("done", 600) for host in hosts]
     window = target.sample().since(before)
+    for host in hosts:
+        host.send(("stop",))
+    results = [host.result(120) for host in hosts]
+    assert [d[1] for d in done] == [r["acquired"] for r in results]
     holder.close()
     handoffs = sum(r["acquired"] for r in results)
     row = _row(window, kind="ours", target=target.kind, names=len(names), waiters_per_name=expected,
