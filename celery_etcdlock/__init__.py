@@ -40,7 +40,7 @@ from .locks.rwlock import RWLock
 from .locks.semaphore import Semaphore
 
 if TYPE_CHECKING:
-    from .tasks.task import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
+    from .tasks import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 __version__ = "0.2.0"
 
