@@ -47,11 +47,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def for_target(settings: workloads.Settings, kind: str, quick: bool) -> workloads.Settings:
-    """The single member repeats the cluster's cells up to 10,000 locks, without beats and tooz: the flatness
-    in K, the beats and the peer are shown on the cluster, and the whole run must stay within 15 minutes."""
+    """The single member repeats the cluster's idle cells of 100 and 1,000 clients up to 10,000 locks in all,
+    without beats and tooz: the flatness in K, the beats and the peer are shown on the cluster, and the whole
+    run must stay within 15 minutes."""
     if kind != "single" or quick:
         return settings
-    return dataclasses.replace(settings, max_locks=10_000, beat_followers=[], tooz_cells=[], floor_cells=[(100, 10)])
+    return dataclasses.replace(
+        settings, fleet_sizes=[100, 1000], big_cells=False, beat_followers=[], tooz_cells=[], floor_cells=[(100, 10)]
+    )
 
 
 def steps(
@@ -75,6 +78,9 @@ def steps(
         chosen += [("idle", lambda: workloads.idle_fleet(target, pool, settings, "floor"))]
         if settings.tooz_cells:
             chosen.append(("idle", lambda: workloads.idle_fleet(target, pool, settings, "tooz")))
+        if settings.big_cells:
+            big = dataclasses.replace(settings, big=True, other_ttls=[])
+            chosen.append(("idle", lambda: workloads.idle_fleet(target, pool, big, "ours")))
     return chosen
 
 
