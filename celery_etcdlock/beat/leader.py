@@ -98,7 +98,8 @@ class LeaderMixin:
     #: True: the wrapped setup_schedule() reads or writes a store, so only a leader runs it;
     #: False: it only reads the configuration, so every process runs it at its start
     sets_up_when_elected = True
-    #: True: the store's last runs count too (the later of it and etcd's wins); False: etcd's alone
+    #: True: the wrapped scheduler keeps runs in a store, which an entry new to etcd starts from;
+    #: False: etcd alone keeps them (a new entry starts as if beat had just started)
     store_keeps_runs = True
     #: True: the entries saved at run time (``LeaderSchedulerEntry``, beat/runtime.py) are sent beside the schedule
     runtime_entries = False
@@ -362,8 +363,19 @@ class LeaderMixin:
         token = election.token
         if token is None or not election.is_leader:
             return False
-        self._load_schedule()
-        schedule = self.schedule
+        try:
+            self._load_schedule()
+            schedule = self.schedule
+        except Exception as exc:  # the store's own errors (a database that went away): try again, do not exit
+            logger.warning(
+                "beat %s: leading beat/%s but could not read the schedule from its store (%s: %s); not sending, "
+                "trying again",
+                self.identity,
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
+            return False
         now = self.app.now()  # what an entry new to etcd starts from, here and in the document
         for _attempt in range(TAKE_OVER_ATTEMPTS):
             if not election.is_leader or token != election.token:
@@ -371,7 +383,7 @@ class LeaderMixin:
             try:
                 self._in_etcd = True
                 try:
-                    found = runs.take_over(election, token, list(schedule), now, self.app.timezone)
+                    found = runs.take_over(election, token, self._initial(schedule, now), now, self.app.timezone)
                 finally:
                     self._in_etcd = False
             except FenceLost:
@@ -402,20 +414,29 @@ class LeaderMixin:
         )
         return False
 
-    def _adopt(self, entry: ScheduleEntry, state: RunState | None, now: datetime) -> None:
+    def _initial(self, schedule: Any, now: datetime) -> dict[str, RunState]:
+        # what an entry new to etcd starts from: as if beat had just started, or as its store says
         if not self.store_keeps_runs:
-            # etcd alone keeps the runs: an entry new to it starts as if beat had just started
-            last_run_at, count = state if state is not None else (now, 0)
-            self.adopt_run(entry, last_run_at, count)
-        elif state is not None and _later(state[0], entry.last_run_at):
+            return {name: (now, 0) for name in schedule}
+        return {name: (entry.last_run_at or now, entry.total_run_count or 0) for name, entry in schedule.items()}
+
+    def _adopt(self, entry: ScheduleEntry, state: RunState | None, now: datetime) -> None:
+        # Every run is recorded in etcd before it is sent, and a store is written after: where etcd has
+        # an entry's runs, they are the truth (a store may be behind, or new on this host).
+        if state is None:
+            if not self.store_keeps_runs:  # new to etcd, and no store: as if beat had just started
+                self.adopt_run(entry, now, 0)
+            return
+        if self.store_keeps_runs and _later(state[0], entry.last_run_at):
             logger.info(
-                "beat %s: %s ran at %s by etcd's record, later than its store says (%s): not due again",
+                "beat %s: %s last ran at %s by etcd's record, later than its store says (%s): not due again",
                 self.identity,
                 entry.name,
                 encode_time(state[0]),
                 encode_time(entry.last_run_at) if entry.last_run_at else None,
             )
-            self.adopt_run(entry, state[0], max(state[1], entry.total_run_count or 0))
+        count = max(state[1], entry.total_run_count or 0) if self.store_keeps_runs else state[1]
+        self.adopt_run(entry, state[0], count)
 
     def _take_over_runtime(self) -> bool:
         assert self._runtime is not None
