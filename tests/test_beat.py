@@ -527,6 +527,7 @@ def test_sigkill_leader_another_takes_over_without_doubles(etcd_url, redis_url, 
     assert election.since is not None and election.changes == 1  # one take-over (the first election is none)
 
 
+@pytest.mark.slow  # about 12 s a run (a paused leader's TTL, then its resumption)
 def test_sigstop_leader_resumes_as_follower_and_sends_nothing(etcd_url, redis_url, make_beats):
     ttl = 2
     beats = start(make_beats, etcd_url, redis_url, n=2, ttl=ttl)
@@ -586,6 +587,7 @@ def test_etcd_restart_sending_resumes_without_doubles(own_etcd: EtcdServer, redi
     beats.check_no_doubles()
 
 
+@pytest.mark.slow  # up to a minute: it waits for a minute boundary
 @pytest.mark.parametrize("api", ["v2"])  # a minute boundary to wait for: once is enough
 def test_crontab_run_due_during_failover_is_sent_exactly_once(etcd_url, redis_url, make_beats):
     ttl = 2
