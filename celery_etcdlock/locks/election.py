@@ -78,6 +78,22 @@ class _LeaderLock(QueueLock):
 
 
 class Election:
+    """Leader election: one leader among the candidates of a name, the others ready to take over.
+
+        e = Election(client, "beat", identity="host-1:4242", ttl=10)
+        if e.campaign(timeout=None):         # blocks until this node leads
+            e.is_leader, e.leader(), e.token # True, "host-1:4242", the leadership's fencing token
+            e.resign()                       # the next candidate leads at once
+
+        e.start()                            # or campaign in the background, and follow it:
+        for event in e.events():             # LeaderEvent(kind, leader): "elected", "deposed",
+            ...                              #   "changed" or "error"
+        e.stop()                             # resigns if leading; events() then ends
+
+    A dead leader is followed within ``ttl`` seconds plus a round trip; a leader
+    that cannot renew in time learns it is deposed before another can be elected.
+    """
+
     def __init__(self, client: Client, name: str, identity: str, ttl: float = 10) -> None:
         if not isinstance(identity, str) or not identity:
             raise ValueError("identity must be a non-empty string (for example 'host:pid')")

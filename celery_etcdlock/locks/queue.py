@@ -146,7 +146,8 @@ def read_state(client: Client, queue: str, fresh: bool = False) -> QueueState:
 
 
 class QueueLock:
-    """One request on a fair queue, with the interface of ``Mutex``.
+    """One request on a fair queue: what ``Mutex``, ``Semaphore``, ``ReadLock``, ``WriteLock`` and the
+    ``Election`` share (``acquire``, ``release``, ``held``, ``token``, ``holders()``, ``on_lost``, ``with``).
 
     A lock object is used by one thread at a time and is not reentrant; give
     each thread its own object (they exclude each other like processes do).
@@ -164,6 +165,7 @@ class QueueLock:
         ttl: float,
         mode: str,
         on_lost: Callable[[Any], None] | None = None,
+        *,
         data: dict[str, Any] | None = None,
         limit: int = 1,
     ) -> None:
