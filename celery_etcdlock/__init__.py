@@ -36,12 +36,11 @@ from .locks.client import Client
 from .locks.connect import connect
 from .locks.election import Election, LeaderEvent
 from .locks.mutex import Mutex
-from .locks.queue import Holder
-from .locks.rwlock import ReadLock, RWLock, WriteLock
+from .locks.rwlock import RWLock
 from .locks.semaphore import Semaphore
 
 if TYPE_CHECKING:
-    from .tasks import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
+    from .tasks.task import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 __version__ = "0.2.0"
 
@@ -80,12 +79,10 @@ __all__ = [
     "BackendUnavailable",
     "Client",
     "Election",
-    "Holder",
     "LeaderEvent",
     "LimitedTask",
     "Mutex",
     "RWLock",
-    "ReadLock",
     "RWLockTask",
     "Semaphore",
     "SingletonTask",
@@ -97,7 +94,6 @@ __all__ = [
     "TaskLocked",
     "UnsupportedPool",
     "UnsupportedServer",
-    "WriteLock",
     "connect",
     "limited_task",
     "rwlock_task",

@@ -5,8 +5,7 @@ A test that asks for ``etcd_url``, ``client`` or ``own_etcd`` runs once per etcd
 - ``[v2]``: the v2 keys API (``etcd://``) of etcd 3.4 started with ``--enable-v2``;
 - ``[v3]``: the v3 API (``etcd3://``) of the newest etcd (3.7), without v2.
 
-A test marked ``every_etcd`` (``every_etcd("v2")``: of that API) runs on every test kind instead
-(tests/support/etcd_versions.py):
+A test marked ``every_etcd`` runs on every test kind instead (tests/support/etcd_versions.py):
 ``[v2-3.4]``, ``[v2-3.5]`` (3.5 with --enable-v2), ``[v3-3.5]``, ``[v3-3.6]``, ``[v3-3.7]``.
 ``etcd_kind`` is the kind of the running test.
 
@@ -57,7 +56,13 @@ def _selected_apis() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # the markers are registered in pyproject.toml ([tool.pytest.ini_options] markers), with --strict-markers
+    config.addinivalue_line("markers", "slow: a test that takes several seconds (kills, restarts, TTL expiry)")
+    config.addinivalue_line("markers", "cluster: a test on a real 3-member etcd cluster (faults: kills, partitions)")
+    config.addinivalue_line(
+        "markers", "every_etcd: runs on every etcd test kind (v2 on 3.4 and 3.5, v3 on 3.5, 3.6, 3.7), not one per API"
+    )
+    config.addinivalue_line("markers", "fault_smoke: a fault test the default suite runs on the newest 3.5 and 3.7 too")
+    config.addinivalue_line("markers", "quick: uses none of HEAVY_FIXTURES (set by conftest; the matrix's fast lane)")
     try:
         etcd_versions.check_selection()
     except ValueError as exc:
@@ -70,15 +75,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if any("api" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
         return  # the test names its API itself; etcd_kind is that API's default
-    marker = metafunc.definition.get_closest_marker("every_etcd")
-    every = marker is not None
-    apis = [a for a in _selected_apis() if not (marker and marker.args) or a in marker.args]
-    kinds = etcd_versions.selected_kinds(apis, every)
+    every = metafunc.definition.get_closest_marker("every_etcd") is not None
+    kinds = etcd_versions.selected_kinds(_selected_apis(), every)
     ids = [k.name if every else k.api for k in kinds]
     metafunc.parametrize("api", kinds, ids=ids, indirect=True)
 
 
 require_etcd = etcd_versions.require
+
+
+# What starts processes or servers of a test's own (workers, beats, an etcd or Redis, child
+# Pythons) or works in files: a test that uses none of them is marked quick, whatever its name
+# or module, and scripts/test-pythons runs the quick ones on every CPython.
+HEAVY_FIXTURES = frozenset(
+    {
+        "spawn", "own_etcd", "etcd_server_factory", "etcd_cluster", "etcd_cluster_factory", "redis_server",
+        "redis_url", "redis_for_workers", "redis_for_worker", "worker", "workers", "make_beats", "celery_worker",
+        "pytest_celery", "broker", "tmp_path",
+    }
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HEAVY_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.quick)
 
 
 # -- servers -----------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def create_connection(address: tuple[str, int], timeout: float) -> socket.socket
     getaddrinfo = green.original("socket", "getaddrinfo")
     failure: OSError | None = None
     for family, kind, proto, _, sockaddr in getaddrinfo(host, port, 0, socket.SOCK_STREAM):
-        sock: socket.socket | None = None
+        sock = None
         try:
             sock = native_socket(family, kind, proto)
             sock.settimeout(timeout)

@@ -17,10 +17,10 @@ marker expires after ``dedupe_ttl`` seconds plus any countdown or ETA.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +57,7 @@ class EnqueueMarkers:
                 queued = marker.value.get("task_id")
                 if queued and queued != task_id:
                     logger.info("task %s already queued as %s (%s); not queued again", task, queued, name)
-                    return str(queued)
+                    return queued
                 return None  # our own marker: a retry re-sending this instance
             running = self._running_task_id(name)
             if running and running != task_id:
@@ -90,40 +90,64 @@ class EnqueueMarkers:
 
 
 class _Forgetter:
-    """A thread that deletes enqueue markers for callers that must not wait for etcd (the worker's consumer).
+    """Deletes enqueue markers for callers that must not wait for etcd (the worker's consumer).
 
-    One per process, started on first use (a forked child starts its own). At most ``BACKLOG``
-    deletes wait; beyond that a marker is left to expire by its TTL, which is what happens
-    to all of them anyway while etcd is down.
+        forgetter.put(client, name, task_id)    # returns at once; False if BACKLOG deletes wait
+
+    Its thread runs only while deletes wait, and a fork waits up to ``FORK_PATIENCE`` seconds
+    for it to finish: the consumer runs in a prefork worker's parent, which forks a new pool
+    process whenever one exits, and a thread alive at a fork may hold a lock (ours, logging's,
+    prometheus_client's) that the child then never gets (Python 3.12+ warns of exactly that).
+    A child starts with no deletes and no thread. At most ``BACKLOG`` deletes wait; beyond
+    that a marker is left to expire by its TTL, which is what happens to all of them anyway
+    while etcd is down.
     """
 
     BACKLOG = 1000
+    FORK_PATIENCE = 2.0  # seconds; a delete is two requests, unless etcd is down (then the fork goes on)
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.todo: queue.Queue[tuple[Client, str, str]] = queue.Queue(self.BACKLOG)
-        threading.Thread(target=self._run, name="etcdlock-marker-forgetter", daemon=True).start()
+        self._reset()
+        os.register_at_fork(before=self._before_fork, after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._mutex = threading.Lock()
+        self._todo: collections.deque[tuple[Client, str, str]] = collections.deque()
+        self._thread: threading.Thread | None = None  # the running one, or the last one (finished)
+        self._running = False
+
+    def put(self, client: Client, name: str, task_id: str) -> bool:
+        with self._mutex:
+            if len(self._todo) >= self.BACKLOG:
+                return False
+            self._todo.append((client, name, task_id))
+            if not self._running:
+                self._running = True
+                self._thread = threading.Thread(target=self._run, name="etcdlock-marker-forgetter", daemon=True)
+                self._thread.start()
+        return True
 
     def _run(self) -> None:
         while True:
-            client, name, task_id = self.todo.get()
+            with self._mutex:
+                if not self._todo:
+                    self._running = False  # the next put() starts another thread
+                    return
+                client, name, task_id = self._todo.popleft()
             EnqueueMarkers(client).forget(name, task_id)  # logs, never raises
 
+    def _before_fork(self) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.FORK_PATIENCE)
 
-_forgetter: _Forgetter | None = None
-_forgetter_lock = threading.Lock()
+
+_forgetter = _Forgetter()
 
 
 def forget_in_background(client: Client, name: str, task_id: str) -> None:
     """``EnqueueMarkers(client).forget(name, task_id)`` on a background thread; returns at once."""
-    global _forgetter
-    with _forgetter_lock:
-        if _forgetter is None or _forgetter.pid != os.getpid():
-            _forgetter = _Forgetter()
-        forgetter = _forgetter
-    try:
-        forgetter.todo.put_nowait((client, name, task_id))
-    except queue.Full:
+    if not _forgetter.put(client, name, task_id):
         logger.warning("too many markers to delete; the marker of %s (task %s) expires by itself", name, task_id)
 
 
@@ -142,5 +166,5 @@ def enqueue_delay(options: dict[str, Any], now: Callable[[], datetime.datetime])
     if isinstance(eta, str):
         eta = datetime.datetime.fromisoformat(eta)
     if isinstance(eta, datetime.datetime):
-        return max(0.0, float((maybe_make_aware(eta) - now()).total_seconds()))
+        return max(0.0, (maybe_make_aware(eta) - now()).total_seconds())
     return 0.0
