@@ -124,6 +124,7 @@ def test_lazy_and_unticked_schedulers_do_not_campaign(etcd_url, redis_url, sched
     assert observer.leader() == "a:1"
 
 
+@pytest.mark.every_etcd  # a small part of the beat tests on every etcd kind
 def test_only_the_leader_writes_and_sends(etcd_url, redis_url, schedulers):
     url = etcd_url
     app = make_app(url, redis_url, {"every": {"task": "t", "schedule": 0.2, "args": (1,), "kwargs": {"k": 2}}})
@@ -175,6 +176,7 @@ class PausedBeforePut:
         return result
 
 
+@pytest.mark.every_etcd  # a small part of the beat tests on every etcd kind
 def test_deposed_leader_can_neither_write_nor_send(etcd_url, redis_url, schedulers):
     """A leader paused after its last leadership check, deposed meanwhile, is fenced off when it resumes."""
     url = etcd_url

@@ -25,7 +25,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery_etcdlock import LockLost, Mutex, TaskLocked, connect
 from tests import taskapp
 from tests.procs import Proc
-from tests.support import RedisServer, wait_until
+from tests.support import RedisServer, etcd_versions, wait_until
 
 RESULT_TIMEOUT = 60  # generous: 2 loaded cores
 
@@ -72,11 +72,19 @@ def redis_for_workers() -> Iterator[str]:
     redis.close()
 
 
-@pytest.fixture(scope="module", params=["v2", "v3"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``worker`` on each API's default etcd kind, or on every kind for a test marked ``every_etcd``."""
+    if "worker" in metafunc.fixturenames:
+        every = metafunc.definition.get_closest_marker("every_etcd") is not None
+        kinds = etcd_versions.selected_kinds(["v2", "v3"], every)
+        ids = [k.name if every else k.api for k in kinds]
+        metafunc.parametrize("worker", kinds, ids=ids, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def worker(request: pytest.FixtureRequest, redis_for_workers: str) -> Iterator[Worker]:
-    """A prefork worker on the v2 API (etcd 3.4) or the v3 API (etcd 3.5)."""
-    api = request.param
-    server = request.getfixturevalue("etcd34_server" if api == "v2" else "etcd35_server")
+    """A prefork worker on an etcd test kind: v2 (etcd 3.4) or v3 (the newest), or every kind."""
+    server = request.getfixturevalue("etcd_kind_servers")(request.param)
     etcd_url = server.url(prefix=f"/tasks-worker-{uuid.uuid4().hex[:8]}")
     taskapp.configure(etcd_url, redis_for_workers)
     started = Worker(etcd_url, redis_for_workers)
@@ -112,6 +120,7 @@ def results(handles: list[Any]) -> list[Any]:
 # -- one run at a time ------------------------------------------------------------------
 
 
+@pytest.mark.every_etcd  # a small part of the task tests on every etcd kind
 def test_five_submissions_one_run_others_skip(worker: Worker, tag: str) -> None:
     handles = [taskapp.skip_task.delay(tag, 2.0) for _ in range(5)]
     values = results(handles)
@@ -297,6 +306,7 @@ def test_each_pool_child_has_its_own_client_and_the_parent_none(worker: Worker, 
     assert _etcd_connections(worker.pid, port) == 0
 
 
+@pytest.mark.every_etcd  # a small part of the task tests on every etcd kind
 def test_sigkilled_worker_frees_the_lock_within_ttl(worker: Worker, tag: str) -> None:
     handle = taskapp.fragile_task.delay(tag, 60)
     (start,) = started(tag)
