@@ -323,8 +323,10 @@ def _parse_endpoint(text: str, shown: str) -> tuple[str, int]:
         port_text = port_text[1:]
     else:
         host, _, port_text = text.partition(":")
-    if not host or any(c in host for c in " /\\?#@"):
+    if not host or any(c in host for c in " /\\?#@") or not host.isprintable():  # no CR, LF, tab, NUL...
         raise ValueError(f"etcd URL host {text!r} is not a valid host name")
+    if not host.isascii():  # it goes into the Host header and TLS's server name as it is
+        raise ValueError(f"etcd URL host {text!r} is not ASCII: give an internationalised name in its xn-- form")
     if not port_text:
         return host, DEFAULT_PORT
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:

@@ -14,18 +14,23 @@ import socket
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from celery.bin.celery import celery as celery_cli
+from click.testing import CliRunner
 
 from celery_etcdlock import Mutex, connect
 from celery_etcdlock.errors import BackendError, BackendUnavailable
-from celery_etcdlock.etcd import transport
+from celery_etcdlock.etcd import native, transport
 from celery_etcdlock.etcd.etcd2 import Etcd2Backend
 from celery_etcdlock.etcd.etcd3 import Etcd3Backend
 from celery_etcdlock.etcd.gateway import Gateway
+from celery_etcdlock.etcd.transport import Pool
 from celery_etcdlock.options import parse_url
 from tests.support import EtcdServer, make_certificates, wait_until
 from tests.support.scripted import OK, Proxy, ScriptedServer, keep_alive, scripted
@@ -295,3 +300,115 @@ def test_a_renewal_held_up_by_a_trickling_endpoint_loses_the_lock_on_time(
     finally:
         proxy.close()
         client.close()
+
+
+# -- names and prefixes -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["h1\r\nX-Injected: 1", "h1\tx", "h1\x00", "bücher.example"])
+def test_a_host_with_control_characters_or_not_in_ascii_is_refused_when_the_url_is_parsed(host: str) -> None:
+    with pytest.raises(ValueError, match="host"):
+        parse_url(f"etcd3://{host}:2379")
+
+
+@pytest.mark.parametrize("api", ["v2"])
+def test_v2_a_prefix_that_is_not_ascii_is_percent_encoded(etcd_server_for_api: EtcdServer, api: str) -> None:
+    """ "é" sent raw is one latin-1 byte (a wrong key), "日本" cannot be sent raw at all."""
+    prefix = f"/préfix-日本-{time.monotonic_ns()}"
+    client = connect(etcd_server_for_api.url(prefix=prefix))
+    try:
+        with Mutex(client, "x", ttl=5):
+            listed = Pool("127.0.0.1", etcd_server_for_api.client_port).request(
+                "GET", "/v2/keys" + quote(prefix) + "/locks/x", timeout=5
+            )
+            node = json.loads(listed.body)["node"]
+            assert node["key"] == f"{prefix}/locks/x" and len(node["nodes"]) == 1
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("api", ["v3", "v2"])
+def test_nested_prefixes_are_isolated(
+    etcd_server_for_api: EtcdServer, api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """App A on /nest and app B on /nest/locks: A's lock named "locks" is A's alone, and A's
+    `celery etcdlock release locks` leaves B's locks be."""
+    base = f"/nest-{time.monotonic_ns()}"
+    a, b, b2 = (connect(etcd_server_for_api.url(prefix=prefix)) for prefix in (base, f"{base}/locks", f"{base}/locks"))
+    try:
+        held_by_b = Mutex(b, "locks", ttl=10)  # B's key: <base>/locks/locks/locks/<entry>, under A's lock "locks"
+        assert held_by_b.acquire(timeout=5)
+        assert Mutex(b, "x", ttl=10).acquire(timeout=5)
+        mine = Mutex(a, "locks", ttl=10)
+        assert mine.acquire(blocking=False)  # B's entries are not holders of A's lock
+        mine.release()
+
+        module = f"nested_{uuid.uuid4().hex[:8]}"
+        base_url, _, _ = etcd_server_for_api.url(prefix=base).partition("?")
+        settings = {"etcdlock_url": base_url, "etcdlock_prefix": base}
+        (tmp_path / f"{module}.py").write_text(f"from celery import Celery\napp = Celery({module!r})\n"
+                                               f"app.conf.update({settings!r})\n")  # fmt: skip
+        monkeypatch.syspath_prepend(str(tmp_path))
+        result = CliRunner().invoke(celery_cli, ["-A", module, "etcdlock", "release", "locks", "--yes"])
+        assert "Released" not in result.output and "not held" in result.output, result.output
+
+        assert held_by_b.held
+        assert not Mutex(b2, "locks", ttl=10).acquire(blocking=False)  # a second B process: still B's first's
+    finally:
+        for client in (a, b, b2):
+            client.close()
+
+
+# -- v2 lock data over 4 KB ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["v2"])
+def test_v2_a_lock_with_data_over_4_kb_is_released_at_once(etcd_server_for_api: EtcdServer, api: str) -> None:
+    url = etcd_server_for_api.url(prefix=f"/big-{time.monotonic_ns()}")
+    first, second = connect(url), connect(url)
+    try:
+        lock = Mutex(first, "big", ttl=30, data={"report": "x" * 6000})
+        assert lock.acquire(timeout=5)
+        lock.release()
+        assert Mutex(second, "big", ttl=30).acquire(blocking=False)  # not after the 30 s TTL
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("api", ["v2"])
+def test_v2_an_entry_renewed_elsewhere_is_still_deleted_by_index(etcd_server_for_api: EtcdServer, api: str) -> None:
+    """A renewal moves the key's modifiedIndex; under gevent the renewer is another backend (its twin)."""
+    options = parse_url(etcd_server_for_api.url(prefix=f"/renewed-{time.monotonic_ns()}"))
+    backend, twin = Etcd2Backend(options), Etcd2Backend(options, native=True)
+    try:
+        lease = backend.grant(10)
+        entry, _ = backend.join_queue("locks/x", {"data": "y" * 5000}, lease)
+        assert twin.keep_alive(lease, [entry], timeout=5) == set()
+        assert backend.delete_entry(entry)
+        assert backend.read_queue("locks/x").entries == []
+        assert not backend.delete_entry(entry)  # gone: False, as before
+    finally:
+        backend.close()
+        twin.close()
+
+
+@pytest.mark.parametrize("sockets", ["standard library", "native"])
+def test_a_tls_handshake_sent_one_byte_at_a_time_ends_by_the_request_timeout(
+    sockets: str, certificates: dict[str, Path]
+) -> None:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificates["server_cert"], certificates["server_key"])
+    server = ScriptedServer(keep_alive, tls=context)
+    proxy = Proxy(("127.0.0.1", server.port), pace=0.05)
+    proxy.trickle = True  # a certificate's kilobytes, each byte well within any read timeout
+    tls = transport.tls_context(parse_url(f"etcd3s://127.0.0.1?ca={certificates['ca']}"))
+    kind = {"connect": native.create_connection, "wrap_tls": native.wrap_tls} if sockets == "native" else {}
+    pool = Pool("127.0.0.1", proxy.port, tls, **kind)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(TimeoutError):
+            pool.request("GET", "/", timeout=0.5)
+    finally:
+        pool.close()
+        proxy.close()
+        server.listener.close()

@@ -21,6 +21,7 @@ than the rest of its work on a handoff.
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 import json
 import logging
@@ -113,6 +114,7 @@ class Etcd2Backend(Backend):
         self.native = native  # a native_twin: connections of its own on unpatched sockets, OS locks
         self._endpoints = Endpoints(options, native=native)
         self._cluster_ids: list[str | None] = [None] * len(self.endpoints)
+        self._modified: dict[str, int] = {}  # entry key -> the modifiedIndex its last renewal here saw
         # the path of every key, %-encoded once (a prefix may hold any letter; names are encoded by keys.py)
         self._keys_path = "/v2/keys" + quote(self.prefix, safe="/")
         self._headers: dict[str, str] = {}
@@ -260,37 +262,36 @@ class Etcd2Backend(Backend):
         return V2Lease(ttl)
 
     def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
+        return self._endpoints.guarded(functools.partial(self._keep_alive, lease, entries, timeout))()
+
+    def _keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
+        """Refresh each entry (``refresh=true``, guarded by its value, in the form); all by ``timeout``."""
+        deadline = time.monotonic() + timeout
         gone: set[str] = set()
         for entry in entries:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:  # the session's deadline is near: the next attempt, if any, starts afresh
+                raise retry.Transient(self.endpoints[self._endpoints.current], "renewal ran out of time")
+            params = {"ttl": server_ttl(lease.ttl), "refresh": "true", "prevExist": "true", "prevValue": entry.raw}
             try:
-                self._request(
-                    "PUT",
-                    entry.key,
-                    {
-                        "ttl": server_ttl(lease.ttl),
-                        "refresh": "true",
-                        "prevExist": "true",
-                        "prevValue": entry.raw,
-                    },
-                    timeout=timeout,
-                )
+                body, _ = self._request("PUT", entry.key, params, timeout=remaining)
             except _Failure as exc:
                 if exc.code not in (_NOT_FOUND, _COMPARE_FAILED):
                     raise BackendError(f"renewal of {entry.key} failed: {exc}") from None
                 gone.add(entry.key)
+                self._modified.pop(entry.key, None)
             except _WatchTimedOut:  # pragma: no cover - not a watch
                 raise retry.Transient(self.endpoints[self._endpoints.current], "renewal timed out") from None
+            else:
+                self._modified[entry.key] = int(body["node"]["modifiedIndex"])
         return gone
 
     def revoke(self, lease: Lease, entries: list[Entry]) -> None:
         failed = 0
         for entry in entries:
             try:
-                self._request("DELETE", entry.key, {"prevValue": entry.raw})
-            except _Failure as exc:
-                if exc.code not in (_NOT_FOUND, _COMPARE_FAILED):
-                    failed += 1
-            except (retry.Transient, _WatchTimedOut):
+                self._endpoints.guarded(functools.partial(self._delete_entry, entry))()
+            except (BackendError, _Failure, retry.Transient, _WatchTimedOut):
                 failed += 1
         if failed:
             raise BackendError(f"{failed} of {len(entries)} keys of lease {lease.id} could not be deleted")
@@ -402,7 +403,41 @@ class Etcd2Backend(Backend):
             wait_index = modified + 1
 
     def delete_entry(self, entry: Entry) -> bool:
-        return self._delete(entry.key, {"prevValue": entry.raw})
+        return self._retrying(f"delete {entry.key}", lambda: self._delete_entry(entry))
+
+    def _delete_entry(self, entry: Entry) -> bool:
+        """One guarded delete of ``entry``: False if it was gone, or is not ours any more.
+
+        Guarded by index, not by value: ``prevValue`` goes in the URL, which etcd reads only up to
+        4 KB, so an entry with more data could never be deleted (its next holder waited the TTL).
+        The key's name is its ``createdIndex``, which no other entry ever has; ``prevIndex`` is its
+        ``modifiedIndex``, which each renewal moves on: the one the last renewal here saw (the
+        creation's, before one), else read, with the value checked, then deleted if still unchanged.
+        """
+        index = self._modified.get(entry.key, entry.token)
+        for attempt in range(2):  # a second read only if a renewal elsewhere moved the index in between
+            try:
+                self._request("DELETE", entry.key, {"prevIndex": index})
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    self._modified.pop(entry.key, None)
+                    return False
+                if exc.code != _COMPARE_FAILED or attempt:
+                    raise
+            else:
+                self._modified.pop(entry.key, None)
+                return True
+            try:
+                body, _ = self._request("GET", entry.key, {"quorum": "true"})
+            except _Failure as exc:
+                if exc.code == _NOT_FOUND:
+                    return False
+                raise
+            node = body["node"]
+            if node.get("value") != entry.raw or int(node["createdIndex"]) != entry.token:
+                return False  # written over (not by this package): not ours to delete
+            index = int(node["modifiedIndex"])
+        return False  # pragma: no cover - the loop returns or raises
 
     def _delete(self, key: str, guard: dict[str, Any]) -> bool:
         """DELETE ``key`` if ``guard`` (prevValue / prevIndex) still holds; False if it was gone or changed."""

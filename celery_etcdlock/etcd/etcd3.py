@@ -161,6 +161,16 @@ class Etcd3Backend(Backend):
         raw = unb64(kv.get("value", ""))
         return Entry(self._relative(unb64(kv["key"])), int(kv["create_revision"]), raw, ttl)
 
+    def _queue_entries(self, queue: str, kvs: list[dict[str, Any]]) -> list[Entry]:
+        """The entries of ``queue`` among the key-values of a range over it: exactly one level under it.
+
+        A range over ``<prefix>/<queue>/`` also holds the keys of a client whose prefix nests in ours
+        (``/app`` and ``/app/locks``: its ``locks/x/...`` is under our lock named ``locks``); they are not ours.
+        """
+        entries = [self._entry(kv) for kv in kvs]
+        start = len(queue) + 1
+        return [entry for entry in entries if "/" not in entry.key[start:]]
+
     # -- leases -------------------------------------------------------------
 
     def grant(self, ttl: float) -> Lease:
@@ -301,7 +311,7 @@ class Etcd3Backend(Backend):
         def join() -> tuple[Entry, Snapshot]:
             answer = self._txn_with(lease, [_created_at(full, 0)], [_put(full, raw, lease), read_queue], [read_queue])
             kvs = answer["responses"][-1]["response_range"].get("kvs", [])
-            snapshot = Snapshot([self._entry(kv) for kv in kvs], int(answer["header"]["revision"]))
+            snapshot = Snapshot(self._queue_entries(queue, kvs), int(answer["header"]["revision"]))
             mine = next((e for e in snapshot.entries if e.key == key), None)
             # a retry whose first attempt was applied finds the unique key there with our value
             if mine is None or mine.raw != raw:
@@ -321,23 +331,32 @@ class Etcd3Backend(Backend):
                  "create_revision": "0"}  # fmt: skip
         read_queue = {"request_range": _range_request(start, prefix=True)}
 
-        def join() -> tuple[Entry | None, Snapshot]:
+        def join() -> tuple[Entry | None, Snapshot, bool]:
             answer = self._txn_with(lease, [empty], [_put(full, raw, lease), read_queue], [read_queue])
             kvs = answer["responses"][-1]["response_range"].get("kvs", [])
-            snapshot = Snapshot([self._entry(kv) for kv in kvs], int(answer["header"]["revision"]))
+            snapshot = Snapshot(self._queue_entries(queue, kvs), int(answer["header"]["revision"]))
             mine = next((e for e in snapshot.entries if e.key == key), None)
             if mine is not None and mine.raw == raw:
-                return mine, snapshot  # created now, or by a retried attempt that had landed
-            return None, snapshot
+                return mine, snapshot, False  # created now, or by a retried attempt that had landed
+            return None, snapshot, bool(kvs) and not snapshot.entries
 
-        return self._retrying(f"join queue {queue} if empty", join)
+        created, snapshot, only_nested = self._retrying(f"join queue {queue} if empty", join)
+        if not only_nested:
+            return created, snapshot
+        # The compare saw keys, but none of this queue's own: another client's, whose prefix nests in ours (say
+        # /app/locks under /app). A compare cannot tell them apart, so join, and keep the entry only if it is first.
+        entry, snapshot = self.join_queue(queue, value, lease)
+        if snapshot.entries[0].key == entry.key:
+            return entry, snapshot
+        self.delete_entry(entry)
+        return None, Snapshot([e for e in snapshot.entries if e.key != entry.key], snapshot.revision)
 
     def read_queue(self, queue: str, fresh: bool = False) -> Snapshot:
         # v3 ranges are linearizable unless asked to be serializable: every read is fresh
 
         def read() -> Snapshot:
             answer = self._range(self._full(queue) + "/", prefix=True)
-            return Snapshot([self._entry(kv) for kv in answer.get("kvs", [])], int(answer["header"]["revision"]))
+            return Snapshot(self._queue_entries(queue, answer.get("kvs", [])), int(answer["header"]["revision"]))
 
         return self._retrying(f"read queue {queue}", read)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ def create_connection(address: tuple[str, int], timeout: float) -> socket.socket
     getaddrinfo = green.original("socket", "getaddrinfo")
     failure: OSError | None = None
     for family, kind, proto, _, sockaddr in getaddrinfo(host, port, 0, socket.SOCK_STREAM):
-        sock = None
+        sock: socket.socket | None = None
         try:
             sock = native_socket(family, kind, proto)
             sock.settimeout(timeout)
@@ -66,15 +67,22 @@ class TLSSocket:
         self._sock = sock
         self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=hostname)
-        self._run(self._tls.do_handshake)
+        # the handshake as a whole within the socket's timeout, as the standard library's (not each of its reads)
+        timeout = sock.gettimeout()
+        self._run(self._tls.do_handshake, deadline=None if timeout is None else time.monotonic() + timeout)
 
-    def _run(self, operation: Callable[..., T], *args: Any) -> T:
+    def _run(self, operation: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
         """``operation(*args)`` on the TLS object, feeding it from the socket until it has what it needs."""
         while True:
             try:
                 result = operation(*args)
             except ssl.SSLWantReadError:
                 self._flush()
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError("the TLS handshake did not end within the timeout") from None
+                    self._sock.settimeout(remaining)
                 data = self._sock.recv(65536)
                 if data:
                     self._incoming.write(data)
