@@ -5,7 +5,8 @@ A test that asks for ``etcd_url``, ``client`` or ``own_etcd`` runs once per etcd
 - ``[v2]``: the v2 keys API (``etcd://``) of etcd 3.4 started with ``--enable-v2``;
 - ``[v3]``: the v3 API (``etcd3://``) of the newest etcd (3.7), without v2.
 
-A test marked ``every_etcd`` runs on every test kind instead (tests/support/etcd_versions.py):
+A test marked ``every_etcd`` (``every_etcd("v2")``: of that API) runs on every test kind instead
+(tests/support/etcd_versions.py):
 ``[v2-3.4]``, ``[v2-3.5]`` (3.5 with --enable-v2), ``[v3-3.5]``, ``[v3-3.6]``, ``[v3-3.7]``.
 ``etcd_kind`` is the kind of the running test.
 
@@ -59,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a test that takes several seconds (kills, restarts, TTL expiry)")
     config.addinivalue_line("markers", "cluster: a test on a real 3-member etcd cluster (faults: kills, partitions)")
     config.addinivalue_line(
-        "markers", "every_etcd: runs on every etcd test kind (v2 on 3.4 and 3.5, v3 on 3.5, 3.6, 3.7), not one per API"
+        "markers", "every_etcd(*apis): runs on every etcd test kind (v2 on 3.4, 3.5; v3 on 3.5, 3.6, 3.7) of those APIs"
     )
     config.addinivalue_line("markers", "fault_smoke: a fault test the default suite runs on the newest 3.5 and 3.7 too")
     config.addinivalue_line("markers", "quick: uses none of HEAVY_FIXTURES (set by conftest; the matrix's fast lane)")
@@ -75,8 +76,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if any("api" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
         return  # the test names its API itself; etcd_kind is that API's default
-    every = metafunc.definition.get_closest_marker("every_etcd") is not None
-    kinds = etcd_versions.selected_kinds(_selected_apis(), every)
+    marker = metafunc.definition.get_closest_marker("every_etcd")
+    every = marker is not None
+    apis = [a for a in _selected_apis() if not (marker and marker.args) or a in marker.args]
+    kinds = etcd_versions.selected_kinds(apis, every)
     ids = [k.name if every else k.api for k in kinds]
     metafunc.parametrize("api", kinds, ids=ids, indirect=True)
 

@@ -18,7 +18,14 @@ from typing import Any
 BEGIN, END = "<!-- figures -->", "<!-- end of figures -->"
 VERSION, UNKNOWN = "etcd", "?"
 WORKLOADS = ("mutex", "rwlock", "election", "tasks", "beat")
-KINDS = {"etcd3.4-v2": "etcd 3.4, v2 API", "etcd3.4-v3": "etcd 3.4, v3 API", "etcd3.5-v3": "etcd 3.5, v3 API"}
+KINDS = {
+    "etcd3.4-v2": "etcd 3.4, v2 API",
+    "etcd3.4-v3": "etcd 3.4, v3 API",
+    "etcd3.5-v2": "etcd 3.5, v2 API",
+    "etcd3.5-v3": "etcd 3.5, v3 API",
+    "etcd3.6-v3": "etcd 3.6, v3 API",
+    "etcd3.7-v3": "etcd 3.7, v3 API",
+}
 TOTALS = {  # safety counter -> what the totals table calls it
     "increments": "mutex: increments of the shared counter",
     "rw reads": "rwlock: reads",

@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,16 +24,21 @@ from celery_etcdlock.etcd.base import WaitResult
 from celery_etcdlock.etcd.etcd2 import Etcd2Backend
 from celery_etcdlock.keys import LOCKS
 from celery_etcdlock.locks.connect import parse_url
-from tests.support import EtcdServer, wait_until
+from tests.support import EtcdServer, etcd_versions, wait_until
 
 
 def make(url: str, **kwargs: Any) -> Etcd2Backend:
     return Etcd2Backend(parse_url(url, **kwargs))
 
 
-@pytest.fixture
-def backend(etcd34_server: EtcdServer) -> Etcd2Backend:
-    return make(etcd34_server.url(prefix=f"/v2-{uuid.uuid4().hex[:10]}"), retry_max_delay=60)
+V2_KINDS = etcd_versions.selected_kinds(["v2"], every=True)
+
+
+@pytest.fixture(params=V2_KINDS, ids=[k.name for k in V2_KINDS])
+def backend(request: pytest.FixtureRequest) -> Etcd2Backend:
+    """A v2 backend on each v2 kind: etcd 3.4, and 3.5 with --enable-v2."""
+    server: EtcdServer = request.getfixturevalue("etcd_kind_servers")(request.param)
+    return make(server.url(prefix=f"/v2-{uuid.uuid4().hex[:10]}"), retry_max_delay=60)
 
 
 @pytest.mark.parametrize("length", [4100, 2_000_000])
@@ -61,7 +67,7 @@ def test_the_peer_port_is_named(etcd34_server: EtcdServer) -> None:
 # -- v2's event window and directories, seen through a Mutex --------------------------------------
 
 
-@pytest.mark.parametrize("api", ["v2"])
+@pytest.mark.every_etcd("v2")
 def test_watch_from_a_cleared_index_is_stale(client):
     """v2 keeps 1000 events: a watch from an older index must say so, not hang or fail."""
     lock = Mutex(client, "cleared", ttl=5)
@@ -73,7 +79,7 @@ def test_watch_from_a_cleared_index_is_stale(client):
     lock.release()
 
 
-@pytest.mark.parametrize("api", ["v2"])
+@pytest.mark.every_etcd("v2")
 def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
     """More than 1000 events while a waiter waits: its next watch gets error 401 and it reads again."""
     caplog.set_level(logging.DEBUG, logger="celery_etcdlock.locks.queue")
@@ -92,7 +98,7 @@ def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
     waiter.release()
 
 
-@pytest.mark.parametrize("api", ["v2"])
+@pytest.mark.every_etcd("v2")
 def test_a_probe_reads_the_queue_again_when_anything_was_written_after_its_look(client, monkeypatch):
     """join_queue_if_empty skips its second read only if its create is the very next write after the look."""
     backend = client.backend
@@ -132,7 +138,7 @@ def _make_noise(client, events: int) -> None:
         client.backend.put_record(f"records/noise/{i}", {"i": i}, expect=None, ttl=30)
 
 
-@pytest.mark.parametrize("api", ["v2"])
+@pytest.mark.every_etcd("v2")
 def test_an_unused_queue_directory_is_removed(client):
     """v2 queues are directories, which outlive their last entry (v3 queues are key ranges)."""
     from celery_etcdlock.locks import session
@@ -152,3 +158,14 @@ def _dir_gone(client, queue) -> bool:
     except etcd.EtcdKeyNotFound:
         return True
     return False
+
+
+@pytest.mark.parametrize("kind", [k for k in etcd_versions.selected_kinds(["v3"], every=True)], ids=lambda k: k.name)
+def test_an_etcd_without_v2_is_refused_at_once_naming_etcd3(
+    kind: etcd_versions.EtcdKind, etcd_kind_servers: Callable[[etcd_versions.EtcdKind], EtcdServer]
+) -> None:
+    """etcd:// against 3.5 without --enable-v2, or 3.6 and 3.7 (which have no v2 at all): not retried."""
+    server = etcd_kind_servers(kind)
+    b = make(f"etcd://{server.endpoint}?prefix=/no-v2", retry_max_delay=600)  # a retry would hit the test timeout
+    with pytest.raises(UnsupportedServer, match=r"does not serve the v2 keys API.*use an etcd3:// URL"):
+        b.read_queue(f"{LOCKS}/q")

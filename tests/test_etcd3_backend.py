@@ -1,4 +1,4 @@
-"""The etcd v3 backend against a real etcd 3.5 started without the v2 API.
+"""The etcd v3 backend against a real etcd 3.5, 3.6 and 3.7 started without the v2 API.
 
 Every method of ``backends.base.Backend`` is exercised on a real server: the
 queues, leases, records and watches, what each operation costs in requests,
@@ -26,15 +26,18 @@ from celery_etcdlock.etcd.base import Entry, Lease, LeaseExpired, WaitResult
 from celery_etcdlock.etcd.etcd3 import Etcd3Backend, V3Lease
 from celery_etcdlock.keys import LOCKS, encode_name
 from celery_etcdlock.locks.connect import parse_url
-from tests.support import EtcdServer, free_port, wait_until
+from tests.support import EtcdServer, etcd_versions, free_port, wait_until
 
 from .test_gateway import count_requests
 
+V3_KINDS = etcd_versions.selected_kinds(["v3"], every=True)
 
-@pytest.fixture
-def server(etcd35_server: EtcdServer) -> EtcdServer:
-    """The session's etcd 3.5 without v2 (conftest)."""
-    return etcd35_server
+
+@pytest.fixture(params=V3_KINDS, ids=[k.name for k in V3_KINDS])
+def server(request: pytest.FixtureRequest) -> EtcdServer:
+    """The session's server of each v3 etcd kind (3.5, 3.6, 3.7; conftest)."""
+    server: EtcdServer = request.getfixturevalue("etcd_kind_servers")(request.param)
+    return server
 
 
 def make(url: str, **kwargs: Any) -> Etcd3Backend:

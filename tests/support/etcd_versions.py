@@ -79,7 +79,7 @@ def build_dir(line: str) -> Path:
     ]
     if not builds:
         raise ServerError(
-            f"etcd {line} is not built in {cache_dir()}: run scripts/etcd-build (needs Go: apt-get install golang-go)"
+            f"etcd {line} is not built in {cache_dir()}: run scripts/etcd-build (needs Go 1.26 or newer)"
         )
     return max(builds, key=_release)
 

@@ -1,0 +1,136 @@
+"""One lock across Celery, Go and shell: our Mutex, ``etcdctl lock`` and clientv3/concurrency's Mutex.
+
+A Mutex named N on prefix P queues under ``P/locks/<N encoded>/``, one key per holder, ordered by
+create revision: the layout of etcd's own ``concurrency.Mutex`` (docs/interop.md). So a Python
+holder, ``etcdctl lock P/locks/N`` and a Go service's ``concurrency.NewMutex(session, "P/locks/N")``
+take turns in FIFO order and never hold at once. Each v3 release line is tested with its own
+etcdctl, and with tests/go/interop (built by scripts/etcd-build --interop, against client/v3 3.7).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import IO
+
+import pytest
+
+from celery_etcdlock import Mutex, connect
+from celery_etcdlock.keys import LOCKS, encode_name, queue_key
+from celery_etcdlock.locks.client import Client
+from tests.support import EtcdServer, etcd_versions, wait_until
+from tests.support.etcd_versions import REPO, EtcdKind
+
+V3_KINDS = etcd_versions.selected_kinds(["v3"], every=True)
+
+
+class Lines:
+    """The lines a child process prints, read by a thread of their own (no blocking read in the test)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, start: str, what: str) -> str:
+        return wait_until(lambda: next((line for line in self.lines if line.startswith(start)), None), 60, what)
+
+
+@pytest.fixture(scope="session")
+def interop_binary() -> str:
+    """tests/go/interop, built (or found in the cache) by scripts/etcd-build --interop; needs Go."""
+    built = subprocess.run(
+        [str(REPO / "scripts" / "etcd-build"), "--interop"], capture_output=True, text=True, timeout=600
+    )
+    if built.returncode != 0:
+        reason = (
+            f"tests/go/interop not built: {built.stderr.strip().splitlines()[-1] if built.stderr else built.returncode}"
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return built.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(params=V3_KINDS, ids=[k.name for k in V3_KINDS])
+def server(request: pytest.FixtureRequest, etcd_kind_servers: Callable[[EtcdKind], EtcdServer]) -> EtcdServer:
+    return etcd_kind_servers(request.param)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait(30)
+
+
+def queued(client: Client, name: str) -> int:
+    return len(client.backend.read_queue(queue_key(LOCKS, name)).entries)
+
+
+def test_our_mutex_etcdctl_lock_and_a_go_mutex_take_turns_in_fifo_order(
+    server: EtcdServer, interop_binary: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    prefix = f"/interop-{uuid.uuid4().hex[:8]}"
+    name = "reports/daily"  # a name with a slash: encoded into one key segment
+    lock_prefix = f"{prefix}/{LOCKS}/{encode_name(name)}"  # what etcdctl and Go are given
+    etcdctl = etcd_versions.etcdctl_path(server.version)
+    client = connect(server.url(prefix=prefix))
+    other = connect(server.url(prefix=prefix))
+    ours = Mutex(client, name, ttl=10)
+
+    def start(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
+        env = {**os.environ, "ETCDCTL_API": "3"}
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(proc)
+        assert proc.stdout is not None
+        return proc, Lines(proc.stdout)
+
+    try:
+        assert ours.acquire(blocking=False)
+        # etcdctl queues behind us, then the Go service behind etcdctl
+        shell, shell_out = start([etcdctl, f"--endpoints={server.endpoint}", "lock", lock_prefix])
+        wait_until(lambda: queued(client, name) == 2, 60, "etcdctl's key in the queue")
+        go, go_out = start([interop_binary, "lock", "-endpoints", server.endpoint, "-key", lock_prefix])
+        wait_until(lambda: queued(client, name) == 3, 60, "the Go mutex's key in the queue")
+        assert not shell_out.lines and not go_out.lines  # both wait while we hold
+
+        ours.release()
+        held = shell_out.wait_for(lock_prefix + "/", "etcdctl to take the lock (it prints its key)")
+        assert not go_out.lines, "the Go mutex took the lock beside etcdctl"
+        assert not Mutex(other, name, ttl=10).acquire(blocking=False), "our Mutex took the lock beside etcdctl"
+
+        # now we queue behind the Go service
+        acquired = threading.Event()
+        waiter = Mutex(other, name, ttl=10)
+        thread = threading.Thread(target=lambda: waiter.acquire(timeout=120) and acquired.set(), daemon=True)
+        thread.start()
+        wait_until(lambda: queued(client, name) == 3, 60, "our waiter's key in the queue")
+
+        shell.send_signal(signal.SIGINT)  # etcdctl lock holds until it is interrupted, then unlocks
+        assert shell.wait(30) == 0
+        go_key = go_out.wait_for("acquired ", "the Go mutex to take the lock").split(" ", 1)[1]
+        assert go_key.startswith(lock_prefix + "/") and go_key != held
+        assert not acquired.is_set(), "our Mutex took the lock beside the Go mutex"
+
+        assert go.stdin is not None
+        go.stdin.write("release\n")
+        go.stdin.flush()
+        go_out.wait_for("released", "the Go mutex to release")
+        thread.join(60)
+        assert acquired.is_set() and waiter.held
+        waiter.release()
+    finally:
+        client.close()
+        other.close()
+    assert go.wait(30) == 0
