@@ -1,4 +1,5 @@
-"""One lock across Celery, Go and shell: our Mutex, ``etcdctl lock`` and clientv3/concurrency's Mutex.
+"""One lock across Celery, Go and shell: our Mutex, ``etcdctl lock`` and clientv3/concurrency's Mutex;
+and one election: our Election, ``etcdctl elect`` and concurrency.Election.
 
 A Mutex named N on prefix P queues under ``P/locks/<N encoded>/``, one key per holder, ordered by
 create revision: the layout of etcd's own ``concurrency.Mutex`` (docs/interop.md). So a Python
@@ -19,8 +20,8 @@ from typing import IO
 
 import pytest
 
-from celery_etcdlock import Mutex, connect
-from celery_etcdlock.keys import LOCKS, encode_name, queue_key
+from celery_etcdlock import Election, Mutex, connect
+from celery_etcdlock.keys import ELECTIONS, LOCKS, encode_name, queue_key
 from celery_etcdlock.locks.client import Client
 from tests.support import EtcdServer, etcd_versions, wait_until
 from tests.support.etcd_versions import REPO, EtcdKind
@@ -134,3 +135,57 @@ def test_our_mutex_etcdctl_lock_and_a_go_mutex_take_turns_in_fifo_order(
         client.close()
         other.close()
     assert go.wait(30) == 0
+
+
+def test_our_election_etcdctl_elect_and_a_go_election_never_lead_at_once(
+    server: EtcdServer, interop_binary: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    prefix = f"/interop-{uuid.uuid4().hex[:8]}"
+    name = "billing"
+    election_prefix = f"{prefix}/{ELECTIONS}/{encode_name(name)}"
+    etcdctl = etcd_versions.etcdctl_path(server.version)
+    client = connect(server.url(prefix=prefix))
+    ours = Election(client, name, identity="host-1:4242", ttl=10)
+    env = {**os.environ, "ETCDCTL_API": "3"}
+
+    def start(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(proc)
+        assert proc.stdout is not None
+        return proc, Lines(proc.stdout)
+
+    def go_sees() -> str:
+        argv = [interop_binary, "leader", "-endpoints", server.endpoint, "-key", election_prefix]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+    try:
+        shell, shell_out = start([etcdctl, f"--endpoints={server.endpoint}", "elect", election_prefix, "shell-1"])
+        shell_out.wait_for(election_prefix + "/", "etcdctl to lead (it prints its key, then its proposal)")
+        wait_until(lambda: ours.leader() == "shell-1", 60, "our Election to name the foreign leader")
+        assert go_sees() == "shell-1"
+        assert not ours.campaign(timeout=0.5), "our Election led beside etcdctl"
+
+        go, go_out = start(
+            [interop_binary, "elect", "-endpoints", server.endpoint, "-key", election_prefix, "-value", "go-1"]
+        )
+        wait_until(
+            lambda: len(client.backend.read_queue(queue_key(ELECTIONS, name)).entries) == 2, 60, "Go's candidate"
+        )
+        shell.send_signal(signal.SIGINT)  # etcdctl elect resigns when interrupted
+        shell.wait(30)
+        go_out.wait_for("leader", "the Go candidate to lead")
+        assert ours.leader() == "go-1"
+        assert not ours.campaign(timeout=0.5), "our Election led beside the Go candidate"
+
+        assert go.stdin is not None
+        go.stdin.write("resign\n")
+        go.stdin.flush()
+        go_out.wait_for("resigned", "the Go candidate to resign")
+        assert ours.campaign(timeout=30)
+        listen, listen_out = start([etcdctl, f"--endpoints={server.endpoint}", "elect", "--listen", election_prefix])
+        listen_out.wait_for("{", "etcdctl elect --listen to show our leader")  # our value: a JSON object
+        assert any("host-1:4242" in line for line in listen_out.lines)
+        assert ours.leader() == "host-1:4242" and '"host-1:4242"' in go_sees()
+        ours.resign()
+    finally:
+        client.close()

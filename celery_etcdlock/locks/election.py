@@ -122,7 +122,7 @@ class Election:
         return self._lock.fence_entry
 
     def leader(self) -> str | None:
-        """The identity of the current leader, or None."""
+        """The identity of the current leader, or None; a foreign leader's proposal value (docs/interop.md)."""
         holders = read_state(self.client, self._lock.queue).holders
         return _identity(holders[0]) if holders else None
 
@@ -250,5 +250,8 @@ class Election:
 
 
 def _identity(entry: Entry) -> str | None:
-    identity = (entry.value.get("data") or {}).get("identity")
-    return str(identity) if identity is not None else None
+    """Our candidate's identity, or a foreign one's (``etcdctl elect``, Go's concurrency.Election) proposal."""
+    data = entry.value.get("data")
+    if isinstance(data, dict) and data.get("identity") is not None:
+        return str(data["identity"])
+    return entry.raw  # not one of ours: its value is the proposal, as etcdctl elect --listen shows it
