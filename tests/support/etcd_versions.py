@@ -78,9 +78,7 @@ def build_dir(line: str) -> Path:
         if re.fullmatch(rf"v{re.escape(line)}\.\d+", d.name) and (d / "etcd").is_file() and (d / "etcdctl").is_file()
     ]
     if not builds:
-        raise ServerError(
-            f"etcd {line} is not built in {cache_dir()}: run scripts/etcd-build (needs Go 1.26 or newer)"
-        )
+        raise ServerError(f"etcd {line} is not built in {cache_dir()}: run scripts/etcd-build (needs Go 1.26 or newer)")
     return max(builds, key=_release)
 
 
