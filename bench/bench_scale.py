@@ -33,6 +33,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,46 @@ from bench.scale import report, workloads
 from bench.scale.target import VERSION, Target, machine_load
 
 WORKLOADS = ("idle", "busy", "hot", "beats", "renewal")
+SHARE = {"cluster": 2.0, "single": 1.0}  # of the time budget: the cluster runs more cells
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def for_target(settings: workloads.Settings, kind: str, quick: bool) -> workloads.Settings:
-    """The single member repeats the cluster's cells up to 10,000 locks and one beat size: the flatness in K
-    and the beat's fail-over are shown on the cluster, and the whole run must stay within 15 minutes."""
+    """The single member repeats the cluster's idle cells of 100 and 1,000 clients up to 10,000 locks in all,
+    without beats and tooz: the flatness in K, the beats and the peer are shown on the cluster, and the whole
+    run must stay within 15 minutes."""
     if kind != "single" or quick:
         return settings
-    return dataclasses.replace(settings, max_locks=10_000, beat_followers=[10], tooz_cells=[])
+    return dataclasses.replace(
+        settings, fleet_sizes=[100, 1000], big_cells=False, beat_followers=[], tooz_cells=[], floor_cells=[(100, 10)]
+    )
+
+
+def steps(
+    target: Target, pool: Pool, settings: workloads.Settings, only: list[str], smoke: bool
+) -> list[tuple[str, Callable[[], list[dict[str, Any]]]]]:
+    """The workloads in the order they run: what the model rests on first, the comparisons last
+    (a run out of time skips what is left)."""
+    chosen: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
+    if "renewal" in only:
+        chosen.append(("renewal", lambda: workloads.renewal_read(target, settings.renewal_sizes)))
+    if "idle" in only:
+        chosen.append(("idle", lambda: workloads.idle_fleet(target, pool, settings, "ours")))
+    if "busy" in only:
+        chosen += [("busy", lambda: workloads.busy_fleet(target, pool, settings, "ours")),
+                   ("busy", lambda: workloads.busy_fleet(target, pool, settings, "floor"))]  # fmt: skip
+    if "hot" in only:
+        chosen.append(("hot", lambda: workloads.hot_keys(target, pool, settings)))
+    if "beats" in only and settings.beat_followers:
+        chosen.append(("beats", lambda: workloads.beats(target, pool, settings)))
+    if "idle" in only and not smoke:
+        chosen += [("idle", lambda: workloads.idle_fleet(target, pool, settings, "floor"))]
+        if settings.tooz_cells:
+            chosen.append(("idle", lambda: workloads.idle_fleet(target, pool, settings, "tooz")))
+        if settings.big_cells:
+            big = dataclasses.replace(settings, big=True, other_ttls=[])
+            chosen.append(("idle", lambda: workloads.idle_fleet(target, pool, big, "ours")))
+    return chosen
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,30 +107,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     started = time.monotonic()
-    settings.deadline = started + args.budget
+    shares = [SHARE.get(kind, 1.0) for kind in targets]
     pool = Pool(preload=["bench.scale.fleet"])
     try:
-        for kind in targets:
+        for index, kind in enumerate(targets):
             settings = for_target(settings, kind, args.quick)
+            # each target gets its share of the budget, so that the first cannot crowd out the second
+            settings.deadline = started + args.budget * sum(shares[: index + 1]) / sum(shares)
             with Target(kind, args.etcd) as target:
                 print(f"{kind}: etcd {args.etcd} on {', '.join(target.endpoints)} (load {machine_load()})", flush=True)
-                if "renewal" in only:
-                    results.setdefault("renewal", []).extend(workloads.renewal_read(target, settings.renewal_sizes))
-                if "idle" in only:
-                    for fleet in ("ours", "floor", "tooz"):
-                        if fleet != "ours" and args.cells:
-                            continue
-                        results.setdefault("idle", []).extend(workloads.idle_fleet(target, pool, settings, fleet))
-                if time.monotonic() > settings.deadline:
-                    print("bench_scale: the time budget is spent: stopping", flush=True)
-                    break
-                if "busy" in only:
-                    for path in ("ours", "floor"):
-                        results.setdefault("busy", []).extend(workloads.busy_fleet(target, pool, settings, path))
-                if "hot" in only:
-                    results.setdefault("hot", []).extend(workloads.hot_keys(target, pool, settings))
-                if "beats" in only:
-                    results.setdefault("beats", []).extend(workloads.beats(target, pool, settings))
+                for step, what in steps(target, pool, settings, only, bool(args.cells)):
+                    if time.monotonic() > settings.deadline:
+                        print(f"  {step}: skipped, the run's time budget (--budget) is spent", flush=True)
+                        continue
+                    results.setdefault(step, []).extend(what())
     finally:
         pool.close()
     results["machine"].update(load_end=machine_load(), seconds=time.monotonic() - started)
@@ -112,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help=f"a subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--cells", type=int, default=0, help="idle: only the first CELLS fleet sizes (a smoke test)")
     parser.add_argument("--etcd", default=VERSION, help="the etcd release line: 3.5 (default), 3.6 or 3.7")
-    parser.add_argument("--budget", type=float, default=840.0, help="seconds; cells not started by then are skipped")
+    parser.add_argument("--budget", type=float, default=870.0, help="seconds; cells not started by then are skipped")
     parser.add_argument("--json", type=Path, help="write every raw number here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--plot", type=Path, help="write the idle fleet's plot (PNG) here")

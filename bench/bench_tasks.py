@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         taskapp.app.conf.update(broker_url=redis_url, result_backend=redis_url, singleton_backend_url=redis_url)
         todo = variants(apis, peer=taskapp.celery_singleton is not None)
         if taskapp.celery_singleton is None:
-            print("note: celery-singleton is not installed (pip install -e '.[bench]'): left out", flush=True)
+            print("note: celery-singleton is not installed (pip install -e . --group bench): left out", flush=True)
         workers = start_workers(servers, apis, args.loglevel)
         try:
             print(

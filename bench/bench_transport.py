@@ -29,7 +29,7 @@ Client CPU is the process's CPU time (``time.process_time``: user + system,
 all threads) over the N requests, divided by N; etcd runs in its own process
 and is not counted. The two sides alternate within each round (the order flips
 every round) and the table shows the median over rounds, so that machine noise
-hits both alike. Needs urllib3 (the bench extra) for the old side.
+hits both alike. Needs urllib3 (the bench dependency group) for the old side.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def singleton(i: int) -> int:
 
 try:
     from celery_singleton import Singleton
-except ImportError:  # the bench extra is not installed: the benchmark says so and leaves it out
+except ImportError:  # the bench group is not installed: the benchmark says so and leaves it out
     celery_singleton = None
 else:
 

@@ -36,11 +36,12 @@ from .locks.client import Client
 from .locks.connect import connect
 from .locks.election import Election, LeaderEvent
 from .locks.mutex import Mutex
-from .locks.rwlock import RWLock
+from .locks.queue import Holder
+from .locks.rwlock import ReadLock, RWLock, WriteLock
 from .locks.semaphore import Semaphore
 
 if TYPE_CHECKING:
-    from .tasks.task import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
+    from .tasks import LimitedTask, RWLockTask, SingletonTask, limited_task, rwlock_task, singleton_task
 
 __version__ = "0.2.0"
 
@@ -79,10 +80,12 @@ __all__ = [
     "BackendUnavailable",
     "Client",
     "Election",
+    "Holder",
     "LeaderEvent",
     "LimitedTask",
     "Mutex",
     "RWLock",
+    "ReadLock",
     "RWLockTask",
     "Semaphore",
     "SingletonTask",
@@ -94,6 +97,7 @@ __all__ = [
     "TaskLocked",
     "UnsupportedPool",
     "UnsupportedServer",
+    "WriteLock",
     "connect",
     "limited_task",
     "rwlock_task",

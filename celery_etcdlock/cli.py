@@ -389,6 +389,10 @@ def release(ctx: click.Context, name: str, yes: bool, tokens: tuple[int, ...], a
     client = _client(ctx, timeout)
     with _etcd_errors():
         state = find_lock(client, name)
+        if state is None and not name.startswith(TASK_LOCKS):
+            task_lock = find_lock(client, TASK_LOCKS + name)  # a task's name: the lock of a task without a key
+            if task_lock is not None:
+                name, state = task_lock.name, task_lock
     if state is not None and tokens:
         unknown = sorted(set(tokens) - {h.token for h in state.holders})
         if unknown:
@@ -398,7 +402,7 @@ def release(ctx: click.Context, name: str, yes: bool, tokens: tuple[int, ...], a
         if as_json:
             click.echo(_json({"name": name, "released": []}))
             ctx.exit(1)
-        raise click.ClickException(f"lock {name!r} is not held")
+        raise click.ClickException(_not_held(client, name))
     if not yes:
         if as_json:
             raise click.UsageError("--json needs --yes: there is no one to confirm")
@@ -414,6 +418,25 @@ def release(ctx: click.Context, name: str, yes: bool, tokens: tuple[int, ...], a
         click.echo(f"Lock {name!r} changed hands meanwhile; nothing released.")
     if not released:
         ctx.exit(1)
+
+
+#: how a task's locks are named: task/<task name>, or task/<task name>/<key> (tasks/options.py)
+TASK_LOCKS = "task/"
+SHOWN_MATCHES = 5
+
+
+def _not_held(client: Client, name: str) -> str:
+    """Why ``release NAME`` found nothing, with the held locks of the task ``name`` if there are any."""
+    task = name.removeprefix(TASK_LOCKS)
+    with _etcd_errors():
+        held = [s.name for s in list_locks(client) if s.name.startswith(f"{TASK_LOCKS}{task}/")]
+    if held:
+        listed = ", ".join(repr(n) for n in held[:SHOWN_MATCHES]) + (" ..." if len(held) > SHOWN_MATCHES else "")
+        return f"lock {name!r} is not held; the task's held locks are {listed}: release one of them by its name"
+    return (
+        f"lock {name!r} is not held (a task's lock is named task/<task name>, or task/<task name>/<key> "
+        "with a key; `celery etcdlock locks` lists the held ones)"
+    )
 
 
 def _repeat(show: Callable[[], None], interval: float | None) -> None:

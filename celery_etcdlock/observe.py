@@ -18,7 +18,7 @@ keep it short, and never raise (an exception is logged and dropped).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)  # what the holder recorded (task id, task name, worker)
     seconds: float | None = None  # waited (ACQUIRED, TIMED_OUT) or held (RELEASED, LOST)
     cause: str | None = None  # LOST only
-    holders: tuple[dict[str, Any], ...] = ()  # CONFLICT, TIMED_OUT: who held it, as ``holders()`` describes them
+    holders: tuple[Mapping[str, Any], ...] = ()  # CONFLICT, TIMED_OUT: who held it, as ``holders()`` describes them
     blocking: bool = False  # CONFLICT: the acquire goes on to wait (else it gave up at once)
     endpoint: str | None = None  # RETRY, FAILED
     operation: str | None = None  # RETRY, FAILED

@@ -32,9 +32,13 @@ wherever it shows settings (``celery report``, ``celery inspect conf``,
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import socket
+import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +46,7 @@ from . import masking, metrics
 from .errors import BackendUnavailable, InvalidUse
 from .locks.client import Client
 from .locks.connect import connect
-from .options import DEFAULT_URL, check_seconds, check_ttl, redact
+from .options import DEFAULT_URL, check_prefix, check_seconds, check_ttl, parse_url, redact
 
 DEFAULTS: dict[str, Any] = {
     "etcdlock_url": DEFAULT_URL,
@@ -162,12 +166,140 @@ masking.install()
 
 def uses_etcdlock(app: Any) -> bool:
     """Whether ``app`` is configured for celery_etcdlock or has tasks of ours (this package may just be installed)."""
-    if any(masking.is_etcdlock_url(key) for key in app.conf.without_defaults()):
+    if any(isinstance(key, str) and "etcdlock" in key.lower() for key in app.conf.without_defaults()):
         return True
     return any(getattr(type(task), "etcdlock_locked", False) for task in app.tasks.values())
 
 
 LEADER_SCHEDULER = "celery_etcdlock.beat:LeaderScheduler"
+
+
+# -- the check at a worker's and a beat's start ---------------------------------------------------
+
+#: settings of the libraries this package replaces (docs/migrating.md), and what to set instead
+REPLACED: dict[str, str] = {
+    "singleton_backend_url": "etcdlock_url",
+    "singleton_key_prefix": "etcdlock_prefix",
+    "singleton_lock_expiry": "the task option lock_ttl= (or etcdlock_ttl for every task)",
+    "singleton_raise_on_duplicate": 'the task option on_conflict="raise"',
+    "once": "etcdlock_url (celery-once's ONCE; its task options map to singleton_task's, see docs/migrating.md)",
+    "redbeat_redis_url": "etcdlock_url, with beat_scheduler = 'celery_etcdlock.beat:LeaderScheduler'",
+    "redbeat_key_prefix": "etcdlock_prefix, and etcdlock_beat_name to run several beats apart",
+    "redbeat_lock_key": "etcdlock_beat_name",
+    "redbeat_lock_timeout": "etcdlock_beat_ttl",
+}
+
+#: a start check's probe: seconds to wait for each endpoint to accept a connection
+PROBE_TIMEOUT = 3.0
+
+
+class SettingsError(ValueError):
+    """A setting that makes every locked task fail: a worker or beat that has it does not start."""
+
+
+def _bare(key: str, namespace: str | None) -> str:
+    """``CELERY_ETCDLOCK_TTL`` (Django's namespace) as ``etcdlock_ttl``."""
+    name = key.lower()
+    prefix = f"{namespace.lower()}_" if namespace else ""
+    return name[len(prefix) :] if prefix and name.startswith(prefix) else name
+
+
+def check(app: Any) -> tuple[Settings, list[str]]:
+    """``app``'s settings, checked as a worker's or beat's start checks them, and the warnings to log.
+
+    Refused (``SettingsError`` naming the setting, no etcd contacted): a wrong type or value
+    (``etcdlock_ttl="30"``), a bad ``etcdlock_url``, and a name one typo away from one of ours
+    (``etcdlock_tll``): each would leave every locked task failing, or running with a setting the
+    user did not mean, while the worker looks healthy. Warned about: an ``etcdlock_*`` name close
+    to none of ours (a newer version's setting in a shared configuration must not stop older
+    workers during a rolling upgrade), and the settings of celery-singleton, celery-once and
+    RedBeat, named with their replacement (a migration may run both libraries for a while).
+    """
+    namespace = getattr(app, "namespace", None)
+    warnings = []
+    for key in app.conf.without_defaults():
+        if not isinstance(key, str):
+            continue
+        name = _bare(key, namespace)
+        if name in DEFAULTS:
+            continue
+        if name in REPLACED:
+            warnings.append(f"{key} is a setting of another library, not of celery_etcdlock: use {REPLACED[name]}")
+        elif name.startswith("etcdlock_") or difflib.get_close_matches(name, DEFAULTS, n=1, cutoff=0.85):
+            near = difflib.get_close_matches(name, DEFAULTS, n=1, cutoff=0.8)
+            if near:
+                raise SettingsError(f"{key} is not a setting of celery_etcdlock: did you mean {near[0]}?")
+            warnings.append(f"{key} is not a setting of this version of celery_etcdlock; ignored")
+    try:
+        settings = Settings.from_app(app)
+        enabled = app.conf.get("etcdlock_metrics")
+        if enabled is not None and not isinstance(enabled, bool):
+            raise TypeError(f"etcdlock_metrics must be True or False, not {enabled!r}")
+        if settings.prefix is not None:
+            check_prefix(settings.prefix)
+        parse_url(settings.url, prefix=settings.prefix, retry_max_delay=settings.retry_max_delay)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(str(exc) if str(exc).startswith("etcdlock_") else f"etcdlock_url: {exc}") from None
+    return settings, warnings
+
+
+def unreachable(settings: Settings, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why no endpoint of ``settings.url`` accepts a connection, or None if one does (or it is memory://)."""
+    options = parse_url(settings.url, prefix=settings.prefix)
+    if options.api == "memory":
+        return None
+    failures = []
+    for host, port in options.endpoints:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return None
+        except OSError as exc:
+            failures.append(f"{host}:{port}: {exc.strerror or exc}")
+    return "; ".join(failures)
+
+
+_checked: weakref.WeakSet[Any] = weakref.WeakSet()  # the apps checked (a LeaderScheduler checks, then beat_init)
+
+
+def check_at_start(app: Any, role: str) -> Settings | None:
+    """Check ``app``'s settings as ``role`` (``"worker"``, ``"beat"``) starts: log the warnings, or refuse to start.
+
+    A refused start logs one ERROR line naming the setting and exits with status 78
+    (``EX_CONFIG``), without a traceback. Apps that do not use this package are left alone.
+    """
+    if app in _checked or not uses_etcdlock(app):
+        return None
+    _checked.add(app)
+    try:
+        settings, warnings = check(app)
+    except SettingsError as exc:
+        line = f"celery_etcdlock: the {role} does not start: {exc}"
+        if logging.getLogger().handlers:
+            logger.error("%s", line)
+        else:  # a beat creates its scheduler once before it sets up logging (for its banner)
+            print(line, file=sys.stderr, flush=True)
+        raise SystemExit(getattr(os, "EX_CONFIG", 78)) from None
+    for warning in warnings:
+        logger.warning("celery_etcdlock: %s", warning)
+    return settings
+
+
+def probe_in_background(settings: Settings, role: str) -> None:
+    def probe() -> None:
+        why = unreachable(settings)
+        if why is None:
+            logger.debug("celery_etcdlock: etcd at %s accepts connections", settings.shown_url)
+            return
+        logger.warning(
+            "celery_etcdlock: etcd is unreachable at this %s's start (etcdlock_url is %s: %s); locked tasks fail "
+            "until it answers, and the %s goes on serving its other tasks",
+            role,
+            settings.shown_url,
+            why,
+            role,
+        )
+
+    threading.Thread(target=probe, name="etcdlock-start-probe", daemon=True).start()
 
 
 # -- metrics: on in workers and beats, as the settings say ----------------------------------------

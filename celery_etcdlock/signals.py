@@ -50,6 +50,7 @@ from typing import Any
 from celery.utils.dispatch import Signal
 
 from . import observe
+from .locks.queue import Holder
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def _from_primitives(event: observe.Event) -> None:
         send_event("etcdlock-leader-deposed", election=event.name, identity=identity, token=event.token, cause=cause)
 
 
-def skipped(task: Any, task_id: str | None, lock_name: str, holders: list[dict[str, Any]]) -> None:
+def skipped(task: Any, task_id: str | None, lock_name: str, holders: list[Holder]) -> None:
     """A run of ``task`` was skipped because ``lock_name`` was held: the signal, and the event if events are on."""
     task_skipped.send(sender=task, task_id=task_id, lock_name=lock_name, holders=holders)
     if task_id:

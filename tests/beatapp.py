@@ -95,12 +95,36 @@ _redis: redis.Redis | None = None
 logger = get_logger(__name__)
 
 
+def origin_identity(origin: object) -> str:
+    """A message's ``origin`` header (``gen<pid>@<host>``) as a beat's identity (``<host>:<pid>``)."""
+    text = str(origin or "?")
+    pid, _, host = text.partition("@")
+    return f"{host}:{pid.removeprefix('gen')}" if host else text
+
+
 @after_task_publish.connect
 def log_published(headers: dict | None = None, body: object = None, **_: object) -> None:
-    """One line per message the beat published, for tests to count (``PUBLISHED <entry> <sender>``)."""
+    """One line per message the beat published, for tests to count (``PUBLISHED <entry> <sender>``).
+
+    The sender is the first argument of the static entries, and for runtime entries (JSON
+    arguments only) the message's origin.
+    """
     if isinstance(body, tuple) and len(body) >= 2:
         args, kwargs = body[0], body[1]
-        logger.warning("PUBLISHED %s %s %.6f", kwargs.get("entry"), args[0] if args else "?", time.time())
+        sender = args[0] if args else origin_identity((headers or {}).get("origin"))
+        logger.warning("PUBLISHED %s %s %.6f", kwargs.get("entry"), sender, time.time())
+
+
+@app.task(name="tests.beatapp.record_runtime", bind=True)
+def record_runtime(self: object, entry: str = "") -> None:
+    """A runtime entry's run (its arguments are JSON): the sender is the message's origin."""
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(BROKER)
+    request = self.request  # type: ignore[attr-defined]
+    ran_at = time.time()  # no time from the beat: the arguments are the entry's JSON
+    run = {"entry": entry, "sender": origin_identity(request.origin), "sent_at": ran_at, "ran_at": ran_at}
+    _redis.rpush(RUNS, json.dumps(run))
 
 
 @app.task(name="tests.beatapp.record")

@@ -57,13 +57,7 @@ def _selected_apis() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: a test that takes several seconds (kills, restarts, TTL expiry)")
-    config.addinivalue_line("markers", "cluster: a test on a real 3-member etcd cluster (faults: kills, partitions)")
-    config.addinivalue_line(
-        "markers", "every_etcd(*apis): runs on every etcd test kind (v2 on 3.4, 3.5; v3 on 3.5, 3.6, 3.7) of those APIs"
-    )
-    config.addinivalue_line("markers", "fault_smoke: a fault test the default suite runs on the newest 3.5 and 3.7 too")
-    config.addinivalue_line("markers", "quick: uses none of HEAVY_FIXTURES (set by conftest; the matrix's fast lane)")
+    # the markers are registered in pyproject.toml ([tool.pytest.ini_options] markers), with --strict-markers
     try:
         etcd_versions.check_selection()
     except ValueError as exc:

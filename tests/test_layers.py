@@ -45,7 +45,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("locks.store", {"locks.store"}),
     ("metrics", {"metrics"}),  # listens to observe; never imported by the primitives
     ("celery", {"masking", "settings", "signals"}),
-    ("tasks", {"tasks", "tasks.options", "tasks.dedupe", "tasks.task", "tasks.worker"}),
+    (
+        "tasks",
+        {"tasks", "tasks.options", "tasks.dedupe", "tasks.conflict", "tasks.task", "tasks.decorators", "tasks.worker"},
+    ),  # fmt: skip
     (
         "beat",
         {

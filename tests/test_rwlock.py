@@ -48,3 +48,27 @@ def test_bad_mode_and_ttl(client):
         RWLock(client, "x", ttl=0)
     with pytest.raises(ValueError, match="name"):
         RWLock(client, "", ttl=1)
+
+
+def test_the_sides_are_public_types_and_data_is_keyword_only(client):
+    """help(RWLock) leads to ReadLock and WriteLock, and holders() lists Holder dicts (issue 25.8)."""
+    from celery_etcdlock import Holder, Mutex, ReadLock, WriteLock
+
+    rw = RWLock(client, "typed-sides", ttl=5)
+    reader, writer = rw.read(data={"who": "r"}), rw.write()
+    assert isinstance(reader, ReadLock) and isinstance(writer, WriteLock)
+    assert (reader.primitive, writer.primitive) == ("read", "write")
+    with pytest.raises(TypeError):
+        rw.read(None, {"who": "r"})  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Mutex(client, "typed-sides", 5, None, {"who": "m"})  # type: ignore[misc]
+    with ReadLock(client, "typed-sides", ttl=5, data={"who": "alone"}), reader:
+        holders: list[Holder] = Mutex(client, "typed-sides").holders()
+        assert sorted(h["data"]["who"] for h in holders) == ["alone", "r"]
+        assert {h["mode"] for h in holders} == {"read"} and all(isinstance(h["token"], int) for h in holders)
+    assert not writer.held and writer.acquire(timeout=5)
+    writer.release()
+    from celery_etcdlock.locks.queue import QueueLock
+
+    for public in (Mutex, RWLock, ReadLock, WriteLock, Holder):  # help() shows each its own docs, not QueueLock's
+        assert public.__doc__ and public.__doc__ != QueueLock.__doc__, public

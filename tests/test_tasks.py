@@ -228,6 +228,61 @@ def test_bad_singleton_options_are_named(options: dict[str, Any], error: type[Ex
         def sync(customer_id: int) -> None: ...
 
 
+@pytest.mark.parametrize(
+    ("key", "match"),
+    [
+        ("customer_id", r'is a constant.*write key=\["customer_id"\] or key="\{customer_id\}"'),
+        ("customer_id, region", r'key=\["customer_id", "region"\] or key="\{customer_id\}:\{region\}"'),
+        ("{customer}:{region}", r"key '\{customer\}:\{region\}' names 'customer' that are not arguments"),
+        ("{2}", "names positional argument 2, but .* takes 2 positional arguments"),
+        ("{customer_id", "is not a valid format string"),
+    ],
+    ids=["argument-name", "argument-names", "missing-name", "missing-index", "malformed"],
+)
+def test_a_string_key_naming_an_argument_or_a_missing_one_is_refused_at_definition(key: str, match: str) -> None:
+    """key="customer_id" would lock every customer's runs under one key (issue 24.12)."""
+    local = celery.Celery("keys", set_as_current=False)
+    with pytest.raises(ValueError, match=match):
+
+        @singleton_task(app=local, shared=False, key=key)
+        def sync(customer_id: int, region: str = "eu") -> None: ...
+
+    @local.task(shared=False, base=SingletonTask, key=key)
+    def through_base(customer_id: int, region: str = "eu") -> None: ...
+
+    with pytest.raises(ValueError, match=match):
+        through_base.lock_name_for((1,))  # the class is checked when registered, at its first use
+    with pytest.raises(ValueError, match="lock '{missing}' names 'missing'"):
+        rwlock_task(app=local, shared=False, lock="{missing}", mode="read")(lambda customer_id: None)
+
+    @singleton_task(app=local, shared=False, key="nightly")  # a constant that names no argument is fine
+    def constant(customer_id: int) -> None: ...
+
+    @singleton_task(app=local, shared=False, key="{}:{region}")
+    def formatted(customer_id: int, region: str = "eu") -> None: ...
+
+    assert constant.lock_name_for((1,)) == f"task/{constant.name}/nightly"
+    assert formatted.lock_name_for((1,)) == f"task/{formatted.name}/1:eu"
+
+
+def test_the_lock_options_have_one_list() -> None:
+    """Class attributes, decorator signatures and docs all derive from LockOptions (issue 25.2)."""
+    import dataclasses
+    import inspect
+
+    from celery_etcdlock.tasks.options import LOCK_OPTIONS, LockOptions
+
+    names = [f.name for f in dataclasses.fields(LockOptions)]
+    assert list(LOCK_OPTIONS) == names
+    for name in names:
+        assert hasattr(SingletonTask, name) and f"``{name}``" in (SingletonTask.__mro__[1].__doc__ or "")
+    shown = inspect.signature(singleton_task).parameters
+    assert shown["on_conflict"].default == "skip" and shown["key"].default is None and "lock_mode" not in shown
+    assert inspect.signature(limited_task).parameters["limit"].default is inspect.Parameter.empty
+    assert {"lock", "mode"} <= set(inspect.signature(rwlock_task).parameters)
+    assert "``dedupe_enqueue``" in (singleton_task.__doc__ or "")
+
+
 def test_bad_rwlock_options_are_named() -> None:
     local = celery.Celery("bad", set_as_current=False)
     with pytest.raises(ValueError, match="mode must be 'read' or 'write', not 'exclusive'"):

@@ -3,7 +3,7 @@
 Each test writes a small project into a temporary directory (a conftest that
 opts into the plugin and Celery's own fixtures, tests of a singleton task
 run by ``celery_worker`` and of a Mutex) and runs pytest on it in a
-subprocess, with pytest-celery loaded (it is in our test extra) and without it.
+subprocess, with pytest-celery loaded (it is in our test dependency group) and without it.
 """
 
 from __future__ import annotations

@@ -280,6 +280,8 @@ def hot_waiters(urls: list[str], names: list[str], per_name: int, ttl: float, ho
     emit("ready", len(threads))
     for thread in threads:
         thread.join(600)
+    emit("done", acquired[0], failed[0])
+    inbox(None)  # "stop": the clients close (a revoke each) only once the main process has counted
     for client in clients:
         client.close()
     return {"acquired": acquired[0], "failed": failed[0]}

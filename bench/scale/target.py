@@ -178,6 +178,13 @@ class Target:
             self._raw[index] = Raw(self.members[index].endpoint)
         return self._raw[index]
 
+    def reconnect(self, index: int = 0) -> Raw:
+        """A new connection for ``raw(index)`` (after a failed request left the old one unusable)."""
+        old = self._raw.pop(index, None)
+        if old is not None:
+            old.close()
+        return self.raw(index)
+
     def sample(self) -> Sample:
         scrapes = [Metrics(m.metrics()) for m in self.members]
         methods: dict[str, float] = {}

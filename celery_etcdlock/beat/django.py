@@ -29,6 +29,7 @@ EXTRA = "celery-etcdlock[django]"
 
 try:
     import django
+    import django_celery_beat  # noqa: F401  (the package alone needs no settings; its models do)
     from django.conf import settings as django_settings
 except ModuleNotFoundError:
     raise ImportError(

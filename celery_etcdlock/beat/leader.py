@@ -51,8 +51,9 @@ from ..errors import BackendError
 from ..locks.client import Client
 from ..locks.election import Election
 from ..locks.store import DocumentStore, FenceLost
-from ..settings import Settings, client_for, enable_metrics
+from ..settings import Settings, check_at_start, client_for, enable_metrics
 from .runs import STATE_KIND, RunRecords, RunState, encode_time
+from .runtime import APPLY_WITHIN, RuntimeEntries
 from .stores import hooks_for
 
 logger = get_logger(__name__)
@@ -97,14 +98,18 @@ class LeaderMixin:
     #: True: the wrapped setup_schedule() reads or writes a store, so only a leader runs it;
     #: False: it only reads the configuration, so every process runs it at its start
     sets_up_when_elected = True
-    #: True: the store's last runs count too (the later of it and etcd's wins); False: etcd's alone
+    #: True: the wrapped scheduler keeps runs in a store, which an entry new to etcd starts from;
+    #: False: etcd alone keeps them (a new entry starts as if beat had just started)
     store_keeps_runs = True
+    #: True: the entries saved at run time (``LeaderSchedulerEntry``, beat/runtime.py) are sent beside the schedule
+    runtime_entries = False
 
     # what Scheduler provides (the mixin is always combined with it)
     app: Any
     max_interval: float
     _heap: Any
     schedule: Any
+    Entry: Any
 
     def __init__(
         self,
@@ -114,6 +119,7 @@ class LeaderMixin:
         identity: str | None = None,
         **kwargs: Any,
     ) -> None:
+        check_at_start(app, "beat")  # bad settings: one line and exit status 78, not a traceback from beat
         settings = Settings.from_app(app)
         enable_metrics(app)
         self.beat_ttl = settings.beat_ttl
@@ -127,6 +133,7 @@ class LeaderMixin:
         self._closed = False
         self._in_etcd = False  # a signal handler calling close() must not reenter the client
         self._leading_token: int | None = None  # the election token this process took over with
+        self._runtime: RuntimeEntries | None = None  # the entries saved at run time, if runtime_entries
         self._set_up = False  # whether the wrapped setup_schedule() ran
         self._reserved: dict[str, ScheduleEntry] = {}  # entry name -> its next entry, from reserve()
         self._sending: tuple[ScheduleEntry, ScheduleEntry] | None = None  # (entry, reserved) being sent
@@ -157,7 +164,12 @@ class LeaderMixin:
             self._step_down("its election token changed")
             if not self._take_over(election):
                 return RETRY_AFTER
-        return float(super().tick(*args, **kwargs))  # type: ignore[misc]
+        if self._runtime is None:
+            return float(super().tick(*args, **kwargs))  # type: ignore[misc]
+        if self._runtime.apply(self.schedule):
+            self._heap = None
+        # a runtime entry saved now is applied within APPLY_WITHIN (a local look: no etcd request)
+        return min(float(super().tick(*args, **kwargs)), APPLY_WITHIN)  # type: ignore[misc]
 
     def reserve(self, entry: ScheduleEntry) -> ScheduleEntry:
         # DatabaseScheduler's reserve() does not put the next entry in the schedule: remember it here
@@ -212,6 +224,8 @@ class LeaderMixin:
         """Stop sending, sync while still leading, and resign so that a follower takes over at once."""
         self._closed = True
         self._wake.set()
+        if self._runtime is not None:
+            self._runtime.close()  # only sets a flag: this may be a signal handler
         try:
             super().close()  # type: ignore[misc]
         finally:
@@ -258,6 +272,8 @@ class LeaderMixin:
             client = self._client()
             self._runs = RunRecords(DocumentStore(client, STATE_KIND), self.name, self.identity)
             self._election = Election(client, f"beat/{self.name}", identity=self.identity, ttl=self.beat_ttl)
+            if self.runtime_entries:
+                self._runtime = RuntimeEntries(client, self.app, self.name, self.identity, self.Entry)
             self._election.start()
             self._events_thread = threading.Thread(
                 target=self._follow_events, args=(self._election,), name="etcdlock-beat-events", daemon=True
@@ -267,6 +283,7 @@ class LeaderMixin:
         return self._election
 
     def _follow_events(self, election: Election) -> None:
+        failing = False
         for event in election.events():
             if event.kind == "elected":
                 logger.info("beat %s: elected leader of beat/%s (token %s)", self.identity, self.name, election.token)
@@ -280,9 +297,15 @@ class LeaderMixin:
             elif event.kind == "changed":
                 logger.info("beat %s: the leader of beat/%s is now %s", self.identity, self.name, event.leader)
             elif event.kind == "error":
-                logger.warning(
-                    "beat %s: election beat/%s: %s", self.identity, self.name, getattr(event, "error", event)
+                # one WARNING per outage (the election retries every second or so), the rest at DEBUG
+                log = logger.debug if failing else logger.warning
+                log(
+                    "beat %s: could not campaign for beat/%s (%s); not sending, trying again",
+                    self.identity,
+                    self.name,
+                    event.error or "unknown error",
                 )
+            failing = event.kind == "error"
             self._wake.set()
 
     def _stand_by(self, election: Election) -> float:
@@ -301,6 +324,8 @@ class LeaderMixin:
         self._reserved.clear()
         if self._runs is not None:
             self._runs.forget()
+        if self._runtime is not None:
+            self._runtime.stop(self.schedule)
         self._heap = None
 
     def _set_up_schedule(self) -> None:
@@ -338,8 +363,19 @@ class LeaderMixin:
         token = election.token
         if token is None or not election.is_leader:
             return False
-        self._load_schedule()
-        schedule = self.schedule
+        try:
+            self._load_schedule()
+            schedule = self.schedule
+        except Exception as exc:  # the store's own errors (a database that went away): try again, do not exit
+            logger.warning(
+                "beat %s: leading beat/%s but could not read the schedule from its store (%s: %s); not sending, "
+                "trying again",
+                self.identity,
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
+            return False
         now = self.app.now()  # what an entry new to etcd starts from, here and in the document
         for _attempt in range(TAKE_OVER_ATTEMPTS):
             if not election.is_leader or token != election.token:
@@ -347,7 +383,7 @@ class LeaderMixin:
             try:
                 self._in_etcd = True
                 try:
-                    found = runs.take_over(election, token, list(schedule), now, self.app.timezone)
+                    found = runs.take_over(election, token, self._initial(schedule, now), now, self.app.timezone)
                 finally:
                     self._in_etcd = False
             except FenceLost:
@@ -359,6 +395,8 @@ class LeaderMixin:
                 continue  # the document changed since we read it: read it again
             for name, state in found.items():
                 self._adopt(schedule[name], state, now)
+            if self._runtime is not None and not self._take_over_runtime():
+                return False
             self._leading_token = token
             self._heap = None  # recompute every entry's next run from the adopted state
             logger.info(
@@ -376,20 +414,67 @@ class LeaderMixin:
         )
         return False
 
-    def _adopt(self, entry: ScheduleEntry, state: RunState | None, now: datetime) -> None:
+    def _initial(self, schedule: Any, now: datetime) -> dict[str, RunState]:
+        # what an entry new to etcd starts from: as if beat had just started, or as its store says
         if not self.store_keeps_runs:
-            # etcd alone keeps the runs: an entry new to it starts as if beat had just started
-            last_run_at, count = state if state is not None else (now, 0)
-            self.adopt_run(entry, last_run_at, count)
-        elif state is not None and _later(state[0], entry.last_run_at):
+            return {name: (now, 0) for name in schedule}
+        return {name: (entry.last_run_at or now, entry.total_run_count or 0) for name, entry in schedule.items()}
+
+    def _adopt(self, entry: ScheduleEntry, state: RunState | None, now: datetime) -> None:
+        # Every run is recorded in etcd before it is sent, and a store is written after: where etcd has
+        # an entry's runs, they are the truth (a store may be behind, or new on this host).
+        if state is None:
+            if not self.store_keeps_runs:  # new to etcd, and no store: as if beat had just started
+                self.adopt_run(entry, now, 0)
+            return
+        if self.store_keeps_runs and _later(state[0], entry.last_run_at):
             logger.info(
-                "beat %s: %s ran at %s by etcd's record, later than its store says (%s): not due again",
+                "beat %s: %s last ran at %s by etcd's record, later than its store says (%s): not due again",
                 self.identity,
                 entry.name,
                 encode_time(state[0]),
                 encode_time(entry.last_run_at) if entry.last_run_at else None,
             )
-            self.adopt_run(entry, state[0], max(state[1], entry.total_run_count or 0))
+        count = max(state[1], entry.total_run_count or 0) if self.store_keeps_runs else state[1]
+        self.adopt_run(entry, state[0], count)
+
+    def _take_over_runtime(self) -> bool:
+        assert self._runtime is not None
+        try:
+            self._in_etcd = True
+            try:
+                self._runtime.take_over(self.schedule)
+            finally:
+                self._in_etcd = False
+        except BackendError as exc:
+            logger.warning(
+                "beat %s: could not read the runtime entries of beat/%s (%s); not sending",
+                self.identity,
+                self.name,
+                exc,
+            )
+            return False
+        return True
+
+    def _record_runtime_run(self, reserved: ScheduleEntry) -> bool:
+        """Record a runtime entry's run in its own record, fenced. True if it may be sent now."""
+        assert self._runtime is not None and self._election is not None
+        try:
+            self._in_etcd = True
+            try:
+                recorded = self._runtime.record_run(reserved, self._election, self._leading_token)
+            finally:
+                self._in_etcd = False
+        except FenceLost:
+            self._step_down("its write was fenced off")
+            return False
+        except BackendError as exc:
+            logger.warning(
+                "beat %s: could not record the run of %s (%s); not sending it", self.identity, reserved.name, exc
+            )
+            self._step_down("etcd failed")
+            return False
+        return recorded and self.is_leader
 
     def _unreserve(self, entry: ScheduleEntry) -> None:
         self.schedule[entry.name] = entry  # not sent: do not pretend it ran
@@ -399,6 +484,8 @@ class LeaderMixin:
         election, runs = self._election, self._runs
         if not self.is_leader or election is None or runs is None or runs.state is None:
             return False
+        if self._runtime is not None and self._runtime.owns(entry.name):
+            return self._record_runtime_run(reserved)
         recorded = runs.stored(entry.name, self.app.timezone)
         if recorded is not None and _later(recorded[0], entry.last_run_at):
             # the store this entry came from is behind the records (a re-read of a store that a deposed

@@ -1,7 +1,7 @@
 """The fenced record of every run a leader-only beat sends: one JSON document in etcd.
 
     runs = RunRecords(DocumentStore(client, STATE_KIND), "proj", identity="host:4242")
-    adopted = runs.take_over(election, names=["every", "cron"], now=app.now(), tz=app.timezone)
+    found = runs.take_over(election, token, {"every": (now, 0)}, now=now, tz=app.timezone)
     if runs.record(election, "every", last_run_at, total_run_count):
         ...  # recorded before it is sent: now send it
 
@@ -18,7 +18,7 @@ run sent twice", and what it costs, is in docs/beat.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -90,9 +90,12 @@ class RunRecords:
         return decode_state(name, entries[name], tz)
 
     def take_over(
-        self, election: Election, token: int, names: Iterable[str], now: datetime, tz: Any
+        self, election: Election, token: int, initial: Mapping[str, RunState], now: datetime, tz: Any
     ) -> dict[str, RunState | None] | None:
-        """Record our token in the document; each entry's stored state (None: new). None if it changed meanwhile."""
+        """Record our token in the document; each entry's stored state (None: new). None if it changed meanwhile.
+
+        ``initial`` names the scheduled entries, with the state an entry new to the document starts from.
+        """
         stored = self.store.get(self.name)
         previous = stored.value if stored is not None else {}
         stored_token = previous.get("token")
@@ -111,7 +114,7 @@ class RunRecords:
         stored_entries = previous.get("entries")
         if not isinstance(stored_entries, dict):
             stored_entries = {}
-        names = list(names)
+        names = list(initial)
         found = {
             name: decode_state(name, stored_entries[name], tz) if name in stored_entries else None for name in names
         }
@@ -120,13 +123,14 @@ class RunRecords:
             logger.info(
                 "beat %s: dropping the state of entries no longer scheduled: %s", self.identity, ", ".join(removed)
             )
-        adopted = {name: state if state is not None else (now, 0) for name, state in found.items()}
+        adopted = {name: state if state is not None else initial[name] for name, state in found.items()}
         document = {
             "format": STATE_FORMAT,
             "leader": self.identity,
             "token": token,
             "since": encode_time(now),
-            "changes": _count(previous.get("changes")) + (previous.get("leader") != self.identity),
+            # take-overs: a leader after another one (the first election, or a leader's own return, is none)
+            "changes": _count(previous.get("changes")) + (previous.get("leader") not in (None, self.identity)),
             "entries": {
                 name: {"last_run_at": encode_time(last), "total_run_count": count}
                 for name, (last, count) in adopted.items()

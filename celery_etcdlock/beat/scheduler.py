@@ -51,6 +51,8 @@ class LeaderScheduler(LeaderMixin, Scheduler):
     sets_up_when_elected = False
     #: no store of its own: the runs recorded in etcd are the whole state
     store_keeps_runs = False
+    #: LeaderSchedulerEntry: entries saved at run time are sent too (beat/entries.py, beat/runtime.py)
+    runtime_entries = True
 
     def sync(self) -> None:
         pass  # every run is already in etcd

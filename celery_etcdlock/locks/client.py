@@ -17,6 +17,18 @@ from .session import Session
 
 
 class Client:
+    """A connection to etcd (or ``memory://``) and this process's sessions: what ``connect()`` returns.
+
+        client = connect("etcd3://etcd-1:2379,etcd-2:2379?prefix=/myapp")
+        with Mutex(client, "reports/daily", ttl=10):
+            ...
+        client.api, client.prefix             # "v3", "/myapp"
+        client.close()                        # releases what this process holds through it
+
+    Share one client between every primitive and thread; it survives ``fork()``
+    (a child builds its own connections and sessions on first use).
+    """
+
     def __init__(self, backend: Backend, options: ConnectionOptions) -> None:
         self.backend = backend
         self.options = options

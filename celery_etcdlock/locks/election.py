@@ -55,6 +55,7 @@ ELECTED, DEPOSED, CHANGED, ERROR = "elected", "deposed", "changed", "error"
 class LeaderEvent:
     kind: str
     leader: str | None
+    error: str | None = None  # "error" events: what failed, as a sentence
 
 
 _END = object()
@@ -77,6 +78,22 @@ class _LeaderLock(QueueLock):
 
 
 class Election:
+    """Leader election: one leader among the candidates of a name, the others ready to take over.
+
+        e = Election(client, "beat", identity="host-1:4242", ttl=10)
+        if e.campaign(timeout=None):         # blocks until this node leads
+            e.is_leader, e.leader(), e.token # True, "host-1:4242", the leadership's fencing token
+            e.resign()                       # the next candidate leads at once
+
+        e.start()                            # or campaign in the background, and follow it:
+        for event in e.events():             # LeaderEvent(kind, leader): "elected", "deposed",
+            ...                              #   "changed" or "error"
+        e.stop()                             # resigns if leading; events() then ends
+
+    A dead leader is followed within ``ttl`` seconds plus a round trip; a leader
+    that cannot renew in time learns it is deposed before another can be elected.
+    """
+
     def __init__(self, client: Client, name: str, identity: str, ttl: float = 10) -> None:
         if not isinstance(identity, str) or not identity:
             raise ValueError("identity must be a non-empty string (for example 'host:pid')")
@@ -170,7 +187,7 @@ class Election:
         self._threads = []
         self._events.put(_END)
 
-    def _emit(self, kind: str, leader: str | None) -> None:
+    def _emit(self, kind: str, leader: str | None, error: str | None = None) -> None:
         with self._emitting:
             if kind == ELECTED:
                 self._leading = True
@@ -179,7 +196,7 @@ class Election:
                     return  # already said, by whichever thread noticed first
                 self._leading = False
             if not self._stopping.is_set():
-                self._events.put(LeaderEvent(kind, leader))
+                self._events.put(LeaderEvent(kind, leader, error))
 
     def _campaign_loop(self) -> None:
         while not self._stopping.is_set():
@@ -189,8 +206,9 @@ class Election:
                 if not self._campaign(abort=self._stopping):
                     continue  # cancelled by resign() or stop()
             except Exception as exc:  # the campaign must outlive any failure, or the node never leads again
-                logger.warning("election %s: campaign of %s failed: %r", self.name, self.identity, exc)
-                self._emit(ERROR, None)
+                # DEBUG: the ERROR event carries it to whoever runs the election (a beat logs it as a WARNING)
+                logger.debug("election %s: campaign of %s failed: %s", self.name, self.identity, exc)
+                self._emit(ERROR, None, error=str(exc) or type(exc).__name__)
                 self._stopping.wait(min(1.0, self.ttl / 3))
                 continue
             if self._stopping.is_set() or self._resignations != resignations:
@@ -198,7 +216,8 @@ class Election:
                 with contextlib.suppress(NotHeld):
                     self._lock.release()
                 continue
-            logger.info("election %s: %s elected (token %s)", self.name, self.identity, self._lock.token)
+            # DEBUG: the ELECTED event and report tell the election's user, who logs it (a beat did twice)
+            logger.debug("election %s: %s elected (token %s)", self.name, self.identity, self._lock.token)
             self._emit(ELECTED, self.identity)
             while self._lock.held and not self._stopping.is_set() and self._resignations == resignations:
                 self._wake.wait(timeout=self.ttl / 3)  # woken on loss; the timeout is a safety net
@@ -237,8 +256,8 @@ class Election:
                     if result is not WaitResult.TIMEOUT:
                         break
             except Exception as exc:  # the observer must outlive any failure
-                logger.warning("election %s: observing the leader failed: %r", self.name, exc)
-                self._emit(ERROR, None)
+                logger.debug("election %s: observing the leader failed: %s", self.name, exc)
+                self._emit(ERROR, None, error=f"observing the leader failed: {exc}")
                 self._stopping.wait(min(1.0, self.ttl / 3))
 
     def _deposed(self, _lock: QueueLock) -> None:

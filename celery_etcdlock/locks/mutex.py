@@ -26,6 +26,27 @@ from .queue import WRITE, QueueLock
 
 
 class Mutex(QueueLock):
+    """One holder at a time, cluster-wide, served in arrival order, with a fencing token.
+
+        m = Mutex(client, "reports/daily", ttl=10, on_lost=None, data={"job": 7})
+        if m.acquire(blocking=True, timeout=None):   # True once held
+            try:
+                write_report(fencing_token=m.token)  # greater for every later holder of the name
+            finally:
+                m.release()
+
+        with Mutex(client, "reports/daily", ttl=10) as m:   # blocks until held
+            ...                                             # LockLost on leaving, if it was lost meanwhile
+
+        Mutex(client, "reports/daily").holders()            # [Holder(holder, token, mode, data)]
+
+    ``ttl`` bounds how long a holder that died keeps the lock; a live holder's
+    entry is renewed in the background, so it may hold for hours. ``on_lost(lock)``
+    runs (on the renewer thread) when the lock was lost while held; ``held`` is
+    False by then. ``data`` (keyword only) is recorded in the holder's entry for
+    ``holders()`` and the CLI. An object is used by one thread at a time.
+    """
+
     kind = "mutex"
 
     def __init__(
@@ -37,4 +58,4 @@ class Mutex(QueueLock):
         *,
         data: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(client, queue_key(LOCKS, name), name, ttl, WRITE, on_lost, data)
+        super().__init__(client, queue_key(LOCKS, name), name, ttl, WRITE, on_lost, data=data)

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict
 
 from .. import observe
 from ..errors import InvalidUse, LimitMismatch, LockLost, NotHeld
@@ -81,7 +81,20 @@ def blockers_of(entries: list[Entry], mine: Entry, mode: str, limit: int = 1) ->
     return writers[-1:]
 
 
-def describe(entry: Entry) -> dict[str, Any]:
+class Holder(TypedDict):
+    """One holder of a lock, as ``holders()`` lists them (a plain dict, so that signals and events carry it as JSON).
+
+    for h in Mutex(client, "reports/daily").holders():
+        print(h["holder"], h["token"], h["data"].get("task_id"))
+    """
+
+    holder: str | None  #: ``host:pid`` of the holding process (or a candidate's identity, for an election)
+    token: int  #: its fencing token
+    mode: str  #: "write" (a Mutex, or an RWLock's writer), "read", or "slot" (a Semaphore)
+    data: dict[str, Any]  #: what the holder recorded (``data=``): a task's ``task_id``, ``task``, ``hostname``
+
+
+def describe(entry: Entry) -> Holder:
     """What ``holders()`` reports about an entry: holder, token, mode and data."""
     return {
         "holder": entry.value.get("holder"),
@@ -119,7 +132,7 @@ class QueueState:
     def waiters(self) -> list[Entry]:
         return self.entries[len(self.holders) :]
 
-    def described(self) -> list[dict[str, Any]]:
+    def described(self) -> list[Holder]:
         """The holders as ``describe`` reports them."""
         return [describe(e) for e in self.holders]
 
@@ -133,7 +146,8 @@ def read_state(client: Client, queue: str, fresh: bool = False) -> QueueState:
 
 
 class QueueLock:
-    """One request on a fair queue, with the interface of ``Mutex``.
+    """One request on a fair queue: what ``Mutex``, ``Semaphore``, ``ReadLock``, ``WriteLock`` and the
+    ``Election`` share (``acquire``, ``release``, ``held``, ``token``, ``holders()``, ``on_lost``, ``with``).
 
     A lock object is used by one thread at a time and is not reentrant; give
     each thread its own object (they exclude each other like processes do).
@@ -151,6 +165,7 @@ class QueueLock:
         ttl: float,
         mode: str,
         on_lost: Callable[[Any], None] | None = None,
+        *,
         data: dict[str, Any] | None = None,
         limit: int = 1,
     ) -> None:
@@ -295,7 +310,7 @@ class QueueLock:
         if waiting is not None:
             self._session.leave(waiting)
 
-    def holders(self) -> list[dict[str, Any]]:
+    def holders(self) -> list[Holder]:
         """Who holds the lock now (``[]`` when free): holder, token, mode and data."""
         return read_state(self.client, self.queue).described()
 

@@ -28,22 +28,84 @@ from .client import Client, check_client
 from .queue import READ, WRITE, QueueLock
 
 
+class ReadLock(QueueLock):
+    """The shared side of an ``RWLock``: held by many readers at once, never beside a writer.
+
+    lock = RWLock(client, "search-index", ttl=10).read(on_lost=None, data={"query": 7})
+    if lock.acquire(timeout=5):          # the Mutex interface: acquire, release, held, token, holders()
+        try:
+            search()
+        finally:
+            lock.release()
+    """
+
+    kind = "read"
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        ttl: float = 30,
+        on_lost: Callable[[ReadLock], None] | None = None,
+        *,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(client, queue_key(LOCKS, name), name, ttl, READ, on_lost, data=data)
+
+
+class WriteLock(QueueLock):
+    """The exclusive side of an ``RWLock``: one writer, no readers (the same lock as a ``Mutex`` of the name).
+
+    with RWLock(client, "search-index", ttl=10).write() as lock:
+        rebuild(fencing_token=lock.token)
+    """
+
+    kind = "write"
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        ttl: float = 30,
+        on_lost: Callable[[WriteLock], None] | None = None,
+        *,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(client, queue_key(LOCKS, name), name, ttl, WRITE, on_lost, data=data)
+
+
 class RWLock:
+    """Many readers or one writer, served in arrival order: a writer never starves.
+
+        rw = RWLock(client, "search-index", ttl=10)
+        with rw.read():                      # a ReadLock: shared with other readers
+            search()
+        with rw.write():                     # a WriteLock: alone
+            rebuild()
+
+        lock = rw.read(on_lost=None, data={"query": 7}); lock.acquire(timeout=5); lock.release()
+
+    Each ``read()`` or ``write()`` is a new lock object with the interface of ``Mutex``
+    (``acquire``, ``release``, ``held``, ``token``, ``on_lost``, ``holders()``, a context manager).
+    """
+
     def __init__(self, client: Client, name: str, ttl: float = 30) -> None:
         self.client = check_client(client)
         self.name = name
         self.ttl = check_ttl(ttl)
         self.queue = queue_key(LOCKS, name)  # also checks the name
 
-    def read(self, on_lost: Callable[[QueueLock], None] | None = None, data: dict[str, Any] | None = None) -> QueueLock:
+    def read(
+        self, on_lost: Callable[[ReadLock], None] | None = None, *, data: dict[str, Any] | None = None
+    ) -> ReadLock:
         """A new shared (reader) lock object on this name."""
-        return QueueLock(self.client, self.queue, self.name, self.ttl, READ, on_lost, data)
+        return ReadLock(self.client, self.name, self.ttl, on_lost, data=data)
 
     def write(
-        self, on_lost: Callable[[QueueLock], None] | None = None, data: dict[str, Any] | None = None
-    ) -> QueueLock:
+        self, on_lost: Callable[[WriteLock], None] | None = None, *, data: dict[str, Any] | None = None
+    ) -> WriteLock:
         """A new exclusive (writer) lock object on this name."""
-        return QueueLock(self.client, self.queue, self.name, self.ttl, WRITE, on_lost, data)
+        return WriteLock(self.client, self.name, self.ttl, on_lost, data=data)
 
     def __repr__(self) -> str:
         return f"<RWLock {self.name!r} ttl={self.ttl}>"

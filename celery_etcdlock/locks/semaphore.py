@@ -35,6 +35,20 @@ from .queue import SLOT, QueueLock
 
 
 class Semaphore(QueueLock):
+    """At most ``limit`` holders at once, cluster-wide, served in arrival order, each with a fencing token.
+
+        slots = Semaphore(client, "pdf-renderer", limit=3, ttl=30)
+        with slots:                          # blocks until one of the 3 slots is ours
+            render(fencing_token=slots.token)
+
+        slot = Semaphore(client, "pdf-renderer", limit=3)
+        if slot.acquire(timeout=5):          # the Mutex interface: acquire, release, held, token, holders()
+            ...
+
+    Every participant must give the same ``limit``; another one is refused with
+    ``LimitMismatch``. ``ttl``, ``on_lost`` and ``data`` (keyword only) are as for ``Mutex``.
+    """
+
     kind = "semaphore"
 
     def __init__(
@@ -47,7 +61,7 @@ class Semaphore(QueueLock):
         *,
         data: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(client, queue_key(SEMAPHORES, name), name, ttl, SLOT, on_lost, data, limit=limit)
+        super().__init__(client, queue_key(SEMAPHORES, name), name, ttl, SLOT, on_lost, data=data, limit=limit)
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} limit={self.limit} held={self.held} token={self.token}>"

@@ -57,7 +57,7 @@ class EnqueueMarkers:
                 queued = marker.value.get("task_id")
                 if queued and queued != task_id:
                     logger.info("task %s already queued as %s (%s); not queued again", task, queued, name)
-                    return queued
+                    return str(queued)
                 return None  # our own marker: a retry re-sending this instance
             running = self._running_task_id(name)
             if running and running != task_id:
@@ -166,5 +166,5 @@ def enqueue_delay(options: dict[str, Any], now: Callable[[], datetime.datetime])
     if isinstance(eta, str):
         eta = datetime.datetime.fromisoformat(eta)
     if isinstance(eta, datetime.datetime):
-        return max(0.0, (maybe_make_aware(eta) - now()).total_seconds())
+        return max(0.0, float((maybe_make_aware(eta) - now()).total_seconds()))
     return 0.0

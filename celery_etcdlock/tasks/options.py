@@ -26,33 +26,229 @@ import difflib
 import hashlib
 import inspect
 import json
+import re
+import string
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import Any, TypeGuard, TypeVar
 
 from ..options import check_seconds, check_ttl
+from .conflict import POLICIES, Policy
 
-ON_CONFLICT = ("skip", "raise", "retry", "wait", "reschedule")
+T = TypeVar("T")
+
 HASHED = "sha256:"  # what a hashed key starts with
 MODES = ("read", "write")
-LOCK_OPTIONS = (
-    "limit",
-    "key",
-    "lock_ttl",
-    "on_conflict",
-    "lock_timeout",
-    "retry_countdown",
-    "dedupe_enqueue",
-    "dedupe_ttl",
-    "lock_name",
-    "lock_mode",
-    "hash_key",
-    "reschedule_countdown",
-    "reschedule_max_countdown",
-    "reschedule_for",
-)
+
+NameFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
+KeySpec = str | Sequence[str] | NameFunction | None
+
+#: which decorator shows an option in its signature and docstring (every one accepts them all)
+SINGLETON, LIMITED, RWLOCK = "singleton_task", "limited_task", "rwlock_task"
+EVERY = frozenset({SINGLETON, LIMITED, RWLOCK})
+
+
+# -- checks of one option --------------------------------------------------------------------------
+
+Check = Callable[[Any, str], None]  # (value, "where: name") -> None, or TypeError/ValueError naming it
+
+
+def _key(key: object, where: str) -> None:
+    if key is not None and not (isinstance(key, str) or callable(key) or _is_names(key)):
+        raise TypeError(f"{where} must be None, a list of argument names, a format string or a callable, not {key!r}")
+    if isinstance(key, str) and not key:
+        raise ValueError(f"{where} must not be an empty string")
+
+
+def _ttl_or_none(value: object, where: str) -> None:
+    if value is not None:
+        check_ttl(value, where)
+
+
+def _seconds_or_none(value: object, where: str) -> None:
+    if value is not None:
+        check_seconds(value, where)
+
+
+def _seconds(value: object, where: str) -> None:
+    check_seconds(value, where)
+
+
+def _ttl(value: object, where: str) -> None:
+    check_ttl(value, where)
+
+
+def _on_conflict(value: object, where: str) -> None:
+    if value not in ON_CONFLICT:
+        raise ValueError(f"{where} must be one of {', '.join(map(repr, ON_CONFLICT))}, not {value!r}")
+
+
+def _flag(value: object, where: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where} must be True or False, not {value!r}")
+
+
+def _limit(value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be a positive whole number, not {value!r}")
+
+
+def _lock_name(value: object, where: str) -> None:
+    if not (isinstance(value, str) and value) and not callable(value) and value is not None:
+        raise TypeError(f"{where} must be a non-empty name, a format string or a callable, not {value!r}")
+
+
+def _mode(value: object, where: str) -> None:
+    if value is not None and value not in MODES:
+        raise ValueError(f"{where} must be 'read' or 'write', not {value!r}")
+
+
+def _option(default: Any, check: Check, doc: str, shown: AbstractSet[str] = EVERY, given_as: str = "") -> Any:
+    """A field of ``LockOptions``: its default, its check, one line of docs, and which decorators show it."""
+    return field(
+        default=default, metadata={"check": check, "doc": doc, "shown": frozenset(shown), "given_as": given_as}
+    )
+
+
+# -- the one list of lock options --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """The lock options of a locked task: the one list that the task classes' attributes and
+    defaults, the decorators' signatures and docs, and every check derive from.
+
+        options = options_of(type(task))           # checked, once per task class
+        options.on_conflict, options.lock_ttl
+
+    Adding an option is adding a field here (its default, its check, its line of docs);
+    the run life cycle then reads it from ``options``.
+    """
+
+    limit: int = _option(
+        1, _limit, "how many runs at once (1: a singleton, under a ``Mutex``; more: under a ``Semaphore``)", {LIMITED}
+    )
+    key: KeySpec = _option(
+        None,
+        _key,
+        "None (the lock holds for the whole task), a list of argument names, a format string over the "
+        "arguments, or ``callable(args, kwargs) -> str``",
+        {SINGLETON, LIMITED},
+    )
+    lock_ttl: float | None = _option(
+        None, _ttl_or_none, "seconds a dead worker keeps its lock (default ``etcdlock_ttl``)"
+    )
+    on_conflict: str = _option(
+        "wait",
+        _on_conflict,
+        'what a run that finds the lock taken does: ``"skip"``, ``"raise"`` (``TaskLocked``), '
+        '``"retry"``, ``"wait"`` or ``"reschedule"``',
+    )
+    lock_timeout: float | None = _option(
+        None, _seconds_or_none, 'how long ``"wait"`` waits (None: as long as it takes)'
+    )
+    retry_countdown: float = _option(5.0, _seconds, 'the countdown of ``"retry"``, in seconds')
+    reschedule_countdown: float = _option(
+        1.0, _ttl, '``"reschedule"`` sends the task again after this many seconds, doubling (with jitter)'
+    )
+    reschedule_max_countdown: float = _option(60.0, _ttl, "... up to this many")
+    reschedule_for: float = _option(
+        3600.0,
+        _ttl,
+        "... for at most this many seconds since the first attempt (a reschedule does not count towards "
+        "``max_retries``)",
+    )
+    dedupe_enqueue: bool = _option(
+        False,
+        _flag,
+        "return the queued or running instance's AsyncResult instead of queueing another (singletons only)",
+        {SINGLETON},
+    )
+    dedupe_ttl: float = _option(
+        3600.0, _ttl, "the queued marker expires after this many seconds (plus any countdown/ETA)", {SINGLETON}
+    )
+    lock_name: str | NameFunction | None = _option(
+        None,
+        _lock_name,
+        "the lock's name: a name, a format string over the arguments, or ``callable(args, kwargs) -> str``",
+        {RWLOCK},
+        given_as="lock",
+    )
+    lock_mode: str | None = _option(
+        None, _mode, '``"read"`` (many at once) or ``"write"`` (alone); None: exclusive', {RWLOCK}, "mode"
+    )
+    hash_key: bool = _option(False, _flag, "put the SHA-256 of the key in the lock's name, not the argument values")
+
+    @cached_property
+    def policy(self) -> Policy:
+        """What a run does when it finds its lock taken, chosen once from ``on_conflict``."""
+        return POLICIES[self.on_conflict]
+
+    @classmethod
+    def checked(cls, options: Mapping[str, Any], where: str) -> LockOptions:
+        """``options`` (a subset of the fields; the rest default) as ``LockOptions``, or the error naming
+        the first bad one, by the name its user gave it (``lock=``, ``mode=`` for ``lock_name``, ``lock_mode``)."""
+        for f in fields(cls):
+            if f.name in options:
+                f.metadata["check"](options[f.name], f"{where}: {f.metadata['given_as'] or f.name}")
+        checked = cls(**options)
+        checked._check_together(where)
+        return checked
+
+    def _check_together(self, where: str) -> None:
+        if self.dedupe_enqueue and self.lock_mode is not None:
+            raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
+        if self.limit > 1 and self.lock_mode is not None:
+            raise ValueError(f"{where}: limit is for limited tasks, not read-write locked ones")
+        if self.limit > 1 and self.dedupe_enqueue:
+            raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks (limit 1), not limit {self.limit}")
+
+    @classmethod
+    def documented(cls, shown: str | None = None) -> str:
+        """The options as a docstring list: those the decorator ``shown`` shows, by the names it takes them
+        under; else all of them, by their names as class attributes."""
+        lines = []
+        for f in fields(cls):
+            given_as = f.metadata["given_as"]
+            if shown is None:
+                also = f" (``{given_as}=`` of ``rwlock_task``)" if given_as else ""
+                lines.append(f"- ``{f.name}``{also}: {f.metadata['doc']}")
+            elif shown in f.metadata["shown"]:
+                lines.append(f"- ``{given_as or f.name}``: {f.metadata['doc']}")
+        return "\n".join(lines)
+
+    @classmethod
+    def parameters(cls, shown: str, defaults: Mapping[str, Any]) -> list[inspect.Parameter]:
+        """The keyword parameters a decorator shows in ``help()``, with its own ``defaults``."""
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        return [
+            inspect.Parameter(
+                f.metadata["given_as"] or f.name,
+                keyword,
+                default=defaults.get(f.name, f.default),
+                annotation=f.type,
+            )
+            for f in fields(cls)
+            if shown in f.metadata["shown"]
+        ]
+
+
+ON_CONFLICT = tuple(POLICIES)  # "skip", "raise", "retry", "wait", "reschedule"
+LOCK_OPTIONS = tuple(f.name for f in fields(LockOptions))
 #: the decorators' names for options the task classes keep under another name
-DECORATOR_NAMES = {"lock": "lock_name", "mode": "lock_mode"}
+DECORATOR_NAMES = {f.metadata["given_as"]: f.name for f in fields(LockOptions) if f.metadata["given_as"]}
+
+
+def with_lock_options(cls: type[T]) -> type[T]:
+    """Give a task class every lock option as a class attribute, at its default (a class decorator)."""
+    for f in fields(LockOptions):
+        if f.name not in cls.__dict__:
+            setattr(cls, f.name, f.default)
+    return cls
+
 
 #: options of the libraries people migrate from, and what to write instead
 MIGRATION_HINTS = {
@@ -68,57 +264,13 @@ MIGRATION_HINTS = {
     "unlock_before_run": "celery-once's unlock_before_run: locks here are taken when the task runs, not at enqueue",
 }
 
-NameFunction = Callable[[tuple[Any, ...], dict[str, Any]], str]
-KeySpec = str | Sequence[str] | NameFunction | None
 
-
-# -- checks -------------------------------------------------------------------------------
+# -- checks ---------------------------------------------------------------------------------------------
 
 
 def check_options(options: dict[str, Any], where: str) -> None:
     """Raise TypeError/ValueError naming the first bad lock option of ``options``."""
-    key = options.get("key")
-    if key is not None and not (isinstance(key, str) or callable(key) or _is_names(key)):
-        raise TypeError(
-            f"{where}: key must be None, a list of argument names, a format string or a callable, not {key!r}"
-        )
-    if isinstance(key, str) and not key:
-        raise ValueError(f"{where}: key must not be an empty string")
-    if options.get("lock_ttl") is not None:
-        check_ttl(options["lock_ttl"], f"{where}: lock_ttl")
-    on_conflict = options.get("on_conflict", "skip")
-    if on_conflict not in ON_CONFLICT:
-        choices = ", ".join(map(repr, ON_CONFLICT))
-        raise ValueError(f"{where}: on_conflict must be one of {choices}, not {on_conflict!r}")
-    if options.get("lock_timeout") is not None:
-        check_seconds(options["lock_timeout"], f"{where}: lock_timeout")
-    if "retry_countdown" in options:
-        check_seconds(options["retry_countdown"], f"{where}: retry_countdown")
-    if "dedupe_ttl" in options:
-        check_ttl(options["dedupe_ttl"], f"{where}: dedupe_ttl")
-    if not isinstance(options.get("dedupe_enqueue", False), bool):
-        raise TypeError(f"{where}: dedupe_enqueue must be True or False, not {options['dedupe_enqueue']!r}")
-    if "lock_name" in options:
-        lock_name = options["lock_name"]
-        if not (isinstance(lock_name, str) and lock_name) and not callable(lock_name) and lock_name is not None:
-            raise TypeError(f"{where}: lock must be a non-empty name, a format string or a callable, not {lock_name!r}")
-    mode = options.get("lock_mode")
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"{where}: mode must be 'read' or 'write', not {mode!r}")
-    if options.get("dedupe_enqueue") and mode is not None:
-        raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks, not read-write locked ones")
-    limit = options.get("limit", 1)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"{where}: limit must be a positive whole number, not {limit!r}")
-    if limit > 1 and mode is not None:
-        raise ValueError(f"{where}: limit is for limited tasks, not read-write locked ones")
-    if limit > 1 and options.get("dedupe_enqueue"):
-        raise ValueError(f"{where}: dedupe_enqueue is for singleton tasks (limit 1), not limit {limit}")
-    for name in ("reschedule_countdown", "reschedule_max_countdown", "reschedule_for"):
-        if name in options:
-            check_ttl(options[name], f"{where}: {name}")
-    if not isinstance(options.get("hash_key", False), bool):
-        raise TypeError(f"{where}: hash_key must be True or False, not {options['hash_key']!r}")
+    LockOptions.checked(options, where)
 
 
 def check_option_names(names: Sequence[str], known: set[str], where: str) -> None:
@@ -137,41 +289,99 @@ def check_option_names(names: Sequence[str], known: set[str], where: str) -> Non
             raise TypeError(f"{where}: unknown option {name!r}; did you mean {close[0]!r}?")
 
 
-_checked_classes: weakref.WeakSet[type] = weakref.WeakSet()
+_options_of: weakref.WeakKeyDictionary[type, LockOptions] = weakref.WeakKeyDictionary()
+
+
+def options_of(cls: type[Any]) -> LockOptions:
+    """The lock options of a task class (inherited or not), checked once per class."""
+    options = _options_of.get(cls)
+    if options is None:
+        where = f"task {cls.name or cls.__name__}"
+        options = LockOptions.checked({k: option(cls, k) for k in LOCK_OPTIONS}, where)
+        run = cls.__dict__.get("run")
+        if run is not None:
+            function = run.__func__ if isinstance(run, staticmethod) else run
+            check_arguments(function, not isinstance(run, staticmethod), options, where)
+        _options_of[cls] = options
+    return options
 
 
 def check_class_options(cls: type[Any]) -> None:
     """Check the lock options of a task class (once per class, options inherited or not)."""
-    if cls in _checked_classes:
-        return
-    where = f"task {cls.name or cls.__name__}"
-    check_options({k: option(cls, k) for k in LOCK_OPTIONS}, where)
-    run = cls.__dict__.get("run")
-    if run is not None:
-        function = run.__func__ if isinstance(run, staticmethod) else run
-        check_key_names(function, not isinstance(run, staticmethod), option(cls, "key"), where)
-    _checked_classes.add(cls)
+    options_of(cls)
 
 
-def check_key_names(function: Callable[..., Any], bound: bool, key: Any, where: str) -> None:
-    """A ``key`` list must name arguments of ``function`` (after ``self`` if ``bound``)."""
-    if not _is_names(key):
-        return
+def check_arguments(function: Callable[..., Any], bound: bool, options: LockOptions, where: str) -> None:
+    """The arguments ``key`` and ``lock_name`` name must be arguments of ``function`` (after ``self`` if
+    ``bound``), and a plain string ``key`` must not be an argument's name: it would be a constant."""
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return
     if bound and parameters:
         parameters = parameters[1:]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return
-    known = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
-    missing = [n for n in key if n not in known]
-    if missing:
-        raise ValueError(
-            f"{where}: key names {', '.join(map(repr, missing))} that are not arguments of "
-            f"{getattr(function, '__qualname__', function)} (it takes {', '.join(sorted(known)) or 'none'})"
-        )
+    arguments = _Arguments(function, parameters)
+    key = options.key
+    if _is_names(key):
+        arguments.check(list(key), f"{where}: key names")
+    elif isinstance(key, str) and "{" not in key:
+        arguments.refuse_constant(key, where)
+    if isinstance(key, str) and "{" in key:
+        arguments.check_format(key, f"{where}: key")
+    if isinstance(options.lock_name, str) and "{" in options.lock_name:
+        arguments.check_format(options.lock_name, f"{where}: lock")
+
+
+class _Arguments:
+    """The parameters of a task's function, as ``key`` and ``lock`` may name them."""
+
+    def __init__(self, function: Callable[..., Any], parameters: list[inspect.Parameter]) -> None:
+        self.function = getattr(function, "__qualname__", function)
+        kinds = {p.kind for p in parameters}
+        self.any_keyword = inspect.Parameter.VAR_KEYWORD in kinds
+        self.any_positional = inspect.Parameter.VAR_POSITIONAL in kinds
+        self.names = {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        self.positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+
+    def check(self, names: list[str], what: str) -> None:
+        missing = [n for n in names if n not in self.names]
+        if missing and not self.any_keyword:
+            raise ValueError(
+                f"{what} {', '.join(map(repr, missing))} that are not arguments of {self.function} "
+                f"(it takes {', '.join(sorted(self.names)) or 'none'})"
+            )
+
+    def check_format(self, spec: str, what: str) -> None:
+        try:
+            fields_ = [name for _, name, _, _ in string.Formatter().parse(spec) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"{what} {spec!r} is not a valid format string: {exc}") from None
+        names, automatic = [], 0
+        for name in fields_:
+            first = re.split(r"[.\[]", name, maxsplit=1)[0]
+            if first == "" or first.isdigit():
+                index = int(first) if first else automatic
+                automatic += not first
+                if index >= self.positional and not self.any_positional:
+                    raise ValueError(
+                        f"{what} {spec!r} names positional argument {index}, but {self.function} takes "
+                        f"{self.positional} positional argument{'s' if self.positional != 1 else ''}"
+                    )
+            else:
+                names.append(first)
+        self.check(names, f"{what} {spec!r} names")
+
+    def refuse_constant(self, key: str, where: str) -> None:
+        """``key="customer_id"`` locks every call under one key: it is surely meant per argument."""
+        named = [n for n in re.split(r"[\s,]+", key.strip()) if n]
+        if named and all(n in self.names for n in named):
+            as_list = "[" + ", ".join(f'"{n}"' for n in named) + "]"
+            as_format = ":".join(f"{{{n}}}" for n in named)
+            raise ValueError(
+                f"{where}: key {key!r} is a constant, the same for every call, but names "
+                f"{'an argument' if len(named) == 1 else 'arguments'} of {self.function}: to lock per "
+                f'{" and ".join(named)}, write key={as_list} or key="{as_format}"'
+            )
 
 
 def option(owner: object, name: str) -> Any:
@@ -180,7 +390,7 @@ def option(owner: object, name: str) -> Any:
     return value.__func__ if isinstance(value, staticmethod) else value
 
 
-def _is_names(value: object) -> bool:
+def _is_names(value: object) -> TypeGuard[Sequence[str]]:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(n, str) and n for n in value)
 
 

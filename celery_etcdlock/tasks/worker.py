@@ -13,9 +13,13 @@
 |                           | metrics count it dead                                                    |
 | ``task_revoked``          | a revoked or expired message's enqueue marker is deleted (in the         |
 |                           | background: the consumer must never wait for etcd)                       |
+| ``celeryd_after_setup``   | the ``etcdlock_*`` settings are checked (settings.check_at_start): a     |
+|                           | bad one stops the worker with one line; unknown and other libraries'     |
+|                           | names are warnings; an unreachable etcd is one WARNING line              |
 | ``beat_init``             | task events on as ``worker_send_task_events`` says; a beat of an app     |
 |                           | that uses etcdlock but not the leader scheduler says that every beat     |
-|                           | host sends every entry                                                   |
+|                           | host sends every entry; its settings are checked (a ``LeaderScheduler``  |
+|                           | checks them itself, when beat creates it, before this signal)            |
 
 Nothing else is hooked. The one change to Celery itself that is not a signal,
 masking ``etcdlock_url``'s password in Celery's settings dumps, is made by
@@ -74,6 +78,14 @@ def _refuse_unsupported_pool(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"celery_etcdlock: {exc}") from None  # Celery logs and ignores a handler's Exception
 
 
+def _check_worker_settings(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """After the worker's logging is set up, before its pool starts (a SystemExit here stops it cleanly)."""
+    app = getattr(instance, "app", None)
+    checked = settings.check_at_start(app, "worker") if app is not None else None
+    if checked is not None:
+        settings.probe_in_background(checked, "worker")
+
+
 # -- pool processes ------------------------------------------------------------------------------------
 
 
@@ -118,6 +130,12 @@ def _forget_marker_of_revoked(sender: Any = None, request: Any = None, **_: Any)
 # -- beat_init -------------------------------------------------------------------------------------------
 
 
+def _check_beat_settings(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        settings.check_at_start(app, "beat")
+
+
 def _beat_events(sender: Any = None, **_: Any) -> None:
     signals.events_of_beat(sender)
 
@@ -143,11 +161,13 @@ HOOKS = (
     (celery_signals.worker_init, _worker_metrics),
     (celery_signals.worker_init, _worker_events),
     (celery_signals.worker_init, _refuse_unsupported_pool),
+    (celery_signals.celeryd_after_setup, _check_worker_settings),
     (celery_signals.worker_process_init, _note_pool_process),
     (celery_signals.worker_process_init, _forget_dead_pool_processes),
     (celery_signals.worker_process_shutdown, _pool_process_exits),
     (celery_signals.worker_process_shutdown, _close_clients),
     (celery_signals.task_revoked, _forget_marker_of_revoked),
+    (celery_signals.beat_init, _check_beat_settings),
     (celery_signals.beat_init, _warn_if_every_beat_sends),
     (celery_signals.beat_init, _beat_events),
 )
