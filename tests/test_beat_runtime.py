@@ -22,7 +22,7 @@ import redis
 from celery import Celery
 from celery.schedules import crontab
 
-from celery_etcdlock import connect
+from celery_etcdlock import connect, observe
 from celery_etcdlock.beat import LeaderScheduler, LeaderSchedulerEntry
 from celery_etcdlock.beat.entries import run_key
 from tests.support import wait_until
@@ -51,12 +51,18 @@ def sent_kwargs(app: Celery) -> list[dict[str, Any]]:
 
 def test_a_leader_applies_saves_updates_and_deletes_without_restart(etcd_url, redis_url, schedulers):
     app = runtime_app(etcd_url, redis_url)
+    reported: list[observe.Event] = []
+    observe.subscribe(reported.append)  # what the metrics count (beat_runs_sent by entry)
     a = scheduler_for(schedulers, app, etcd_url, "a:1")
     tick_until(a, lambda: a.is_leader, 20, "a to lead")
     assert a.tick() <= 1.0  # it looks at the entries' changes at least once a second
     entry = LeaderSchedulerEntry("rt", "t", 0.3, kwargs={"v": 1}, app=app, client=connect(etcd_url))
     entry.save()
-    tick_until(a, lambda: len(sent_kwargs(app)) >= 2, 20, "the runtime entry to be sent twice")
+    try:
+        tick_until(a, lambda: len(sent_kwargs(app)) >= 2, 20, "the runtime entry to be sent twice")
+    finally:
+        observe.unsubscribe(reported.append)
+    assert [e.data["entry"] for e in reported if e.kind == observe.BEAT_SENT][:2] == ["rt", "rt"]
     run = a._client().backend.get_record(run_key(app.conf.etcdlock_beat_name, "rt"))
     assert run is not None and run.value["leader"] == "a:1" and run.value["token"] == a._election.token
     last = a.schedule["rt"].last_run_at
@@ -162,6 +168,7 @@ def no_doubles(published: list[tuple[str, str, float]], interval: float) -> None
     assert not close, f"sends closer than half an interval: {close} (of {len(times)})"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])  # one real-process run: the in-process tests cover both APIs
 def test_runtime_entries_across_a_fail_over_of_real_beats(etcd_url, redis_url, beats_of):
     """Save while three beats run: the leader alone sends; SIGKILL it: the next sends the interval entry on, and
@@ -231,6 +238,7 @@ def release_02(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_a_rolling_deploy_new_then_02_then_new_sends_nothing_twice(etcd_url, redis_url, beats_of, release_02):
     """A 0.2 leader between two new ones sends the static entries on (runtime entries wait for a new leader), and

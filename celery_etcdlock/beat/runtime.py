@@ -85,6 +85,8 @@ class RuntimeEntries:
         runs = backend.read_records(runs_prefix(self.beat))
         entries = backend.read_records(self._prefix)
         self._runs = {name_of(key): record for key, record in runs.records.items()}
+        for key in entries.records:  # an entry without a run record has none: not worth a read each
+            self._runs.setdefault(name_of(key), None)
         with self._lock:
             self._generation += 1
             generation = self._generation
@@ -169,8 +171,13 @@ class RuntimeEntries:
             name = name_of(key)
             if record is None:
                 changed |= self._remove(schedule, name, deleted=True)
-            else:
+                continue
+            try:
                 changed |= self._put(schedule, name, record)
+            except EtcdLockError as exc:  # reading its run failed: try it again at the next tick
+                logger.warning("beat %s: runtime entry %s not applied yet (%s)", self.identity, name, exc)
+                with self._lock:
+                    self._pending.setdefault(key, record)
         for name in self._adopt:
             if name in self._names and self._adopt_run(schedule[name], self._runs.get(name)):
                 changed = True
