@@ -329,13 +329,13 @@ def lease_ttl(member: EtcdServer, lease: str) -> int:
 
 @pytest.mark.cluster
 def test_a_resumed_old_leader_renews_leases_alone(etcd_cluster: EtcdCluster) -> None:
-    """etcd before 3.5.13 / 3.4.31 (etcd-io/etcd#15247): what the fault suite found behind two candidates leading.
+    """etcd-io/etcd#15247, said fixed in 3.5.13 / 3.4.31: what the fault suite found behind two candidates leading.
 
     A leader frozen for longer than a lease's TTL, once resumed, still takes itself for the
     leader for a moment: it answers a keep-alive with "renewed, TTL 2" from its own lessor.
     The real leader never hears of that renewal and expires the lease on its own schedule,
-    so a holder that trusts the answer believes it holds a lease that is gone. The versions
-    the tests run (3.4.23, 3.5.1) all do it; our client refuses such a renewal
+    so a holder that trusts the answer believes it holds a lease that is gone. Every version
+    the tests run does it (3.4.23 and 3.5.35 here; 3.6.16 and 3.7.3 too); our client refuses such a renewal
     (tests/test_cluster_clients.py, Etcd3Backend.keep_alive).
     """
     old, healthy = etcd_cluster.member(0), etcd_cluster.member(1)
@@ -366,7 +366,7 @@ def test_a_resumed_old_leader_renews_leases_alone(etcd_cluster: EtcdCluster) -> 
         if renewed_alone():
             return
         etcd_cluster.wait_for_leader()
-    pytest.fail("a resumed old leader never renewed a lease alone in 3 tries: is this etcd 3.5.13+ / 3.4.31+?")
+    pytest.fail("a resumed old leader never renewed a lease alone in 3 tries: has etcd fixed etcd#15247 for good?")
 
 
 @pytest.mark.cluster
