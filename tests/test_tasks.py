@@ -830,9 +830,12 @@ def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: 
     signals.task_skipped.connect(on_skipped)
     assert signals._events["enabled"], "the worker, started with task events on (-E), did not turn ours on"
 
+    receivers: list[Any] = []
+
     def listen() -> None:
         with app.connection_for_read() as connection:
             receiver = app.events.Receiver(connection, handlers={"*": received.append})
+            receivers.append(receiver)
             receiver.capture(limit=None, timeout=20, wakeup=False)
 
     def probe_arrived() -> bool:  # the receiver listens once an event sent now reaches it
@@ -853,6 +856,11 @@ def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: 
     finally:
         signals.task_skipped.disconnect(on_skipped)
         signals._events.update(enabled=False)
+        # issue 24.19: the listener outlived the test and died on the closed Redis with two tracebacks
+        for receiver in receivers:
+            receiver.should_stop = True
+        listener.join(timeout=20)
+    assert not listener.is_alive(), "the event receiver did not stop"
     assert skipped and skipped[0]["sender"].name == sync_customer.name and skipped[0]["task_id"] == handle.id
     assert skipped[0]["lock_name"] == name and skipped[0]["holders"][0]["data"]["task_id"] == "holder-1"
     [event] = [e for e in received if e["type"] == "task-skipped"]
