@@ -66,6 +66,8 @@ class Request:
         data: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
         # an election candidate's identity is in its data; a lock's holder is "host:pid"
         holder = _first_str(data, "identity") or _first_str(value, "holder")
+        if not value:  # not one of ours: etcdctl lock/elect or Go's concurrency recipes (docs/interop.md)
+            holder = f"foreign: {entry.raw[:80]}" if entry.raw else "foreign (etcdctl or Go)"
         host = _first_str(data, "hostname")
         ttl = getattr(entry, "ttl", None)
         return cls(

@@ -21,6 +21,7 @@ from typing import IO
 import pytest
 
 from celery_etcdlock import Election, Mutex, connect
+from celery_etcdlock.cli import find_lock, list_elections
 from celery_etcdlock.keys import ELECTIONS, LOCKS, encode_name, queue_key
 from celery_etcdlock.locks.client import Client
 from tests.support import EtcdServer, etcd_versions, wait_until
@@ -110,6 +111,9 @@ def test_our_mutex_etcdctl_lock_and_a_go_mutex_take_turns_in_fifo_order(
         held = shell_out.wait_for(lock_prefix + "/", "etcdctl to take the lock (it prints its key)")
         assert not go_out.lines, "the Go mutex took the lock beside etcdctl"
         assert not Mutex(other, name, ttl=10).acquire(blocking=False), "our Mutex took the lock beside etcdctl"
+        shown = find_lock(client, name)  # what `celery etcdlock locks` shows
+        assert shown is not None and shown.holders[0].holder == "foreign (etcdctl or Go)"
+        assert [w.holder for w in shown.waiters] == ["foreign (etcdctl or Go)"]
 
         # now we queue behind the Go service
         acquired = threading.Event()
@@ -163,6 +167,8 @@ def test_our_election_etcdctl_elect_and_a_go_election_never_lead_at_once(
         shell_out.wait_for(election_prefix + "/", "etcdctl to lead (it prints its key, then its proposal)")
         wait_until(lambda: ours.leader() == "shell-1", 60, "our Election to name the foreign leader")
         assert go_sees() == "shell-1"
+        (shown,) = list_elections(client)  # what `celery etcdlock leader` shows
+        assert shown.leader.holder == "foreign: shell-1"
         assert not ours.campaign(timeout=0.5), "our Election led beside etcdctl"
 
         go, go_out = start(
