@@ -40,7 +40,8 @@ class PostgresServer(ServerProcess):
     kind = "postgres"
     log_name = "postgres.log"
 
-    def __init__(self) -> None:
+    def __init__(self, log_statement: str = "mod") -> None:
+        self.log_statement = log_statement  # "all" logs reads too (bench/bench_beat.py counts them)
         self.bindir = postgres_bindir()
         super().__init__("etcdlock-postgres-")
         self.port = 0
@@ -85,7 +86,7 @@ class PostgresServer(ServerProcess):
             "fsync": "off",
             "synchronous_commit": "off",
             "full_page_writes": "off",
-            "log_statement": "mod",
+            "log_statement": self.log_statement,
             "log_line_prefix": "app=%a ",
             "logging_collector": "off",
             "max_connections": "200",
@@ -117,6 +118,10 @@ class PostgresServer(ServerProcess):
 
     def writes_by(self, application_name: str) -> list[str]:
         """The data-changing statements a client with that application_name sent, from the server's log."""
+        return self.statements_by(application_name)
+
+    def statements_by(self, application_name: str) -> list[str]:
+        """The statements the server logged for that application_name (all of them with log_statement="all")."""
         text = self.log_path.read_text(errors="replace")
         pattern = re.compile(rf"^app={re.escape(application_name)} LOG:  statement: (.*)$", re.M)
         return pattern.findall(text)
