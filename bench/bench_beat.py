@@ -238,8 +238,12 @@ def idle_follower(
         time.sleep(1.0)  # let start-up requests pass
         lead0, follow0 = leader_proxy.requests, follower_proxy.requests
         queries0 = len(db.server.statements_by(follower.name)) if db else 0
+        leader_queries0 = len(db.server.statements_by(leader.name)) if db else 0
         time.sleep(seconds)
         queries = (len(db.server.statements_by(follower.name)) - queries0) / seconds if db else None
+        if db is not None:
+            leader_queries = (len(db.server.statements_by(leader.name)) - leader_queries0) / seconds
+            print(f"  (the database leader: {leader_queries:.2f} statements/s)", flush=True)
         return (follower_proxy.requests - follow0) / seconds, (leader_proxy.requests - lead0) / seconds, queries
     finally:
         for beat in (leader, follower):
@@ -271,12 +275,13 @@ def main() -> None:
             print(f"etcd {etcd.version} ({args.api} API), {os.cpu_count()} cores; {args.rounds} rounds per case")
             print(f"{'case':<34}{'min':>8}{'median':>8}{'max':>8}   target")
             for kind in kinds:
+                kind_db = db if kind == "database" else None
                 for ttl in [float(t) for t in args.ttls.split(",")]:
                     for name, sig, target in (
                         ("SIGKILL", signal.SIGKILL, f"<= {ttl + 1:g} s"),
                         ("SIGTERM", signal.SIGTERM, "<= 0.5 s"),
                     ):
-                        times = [failover(etcd, redis, ttl, sig, kind, db) for _ in range(args.rounds)]
+                        times = [failover(etcd, redis, ttl, sig, kind, kind_db) for _ in range(args.rounds)]
                         case = f"{kind} {name} fail-over, ttl {ttl:g}"
                         print(
                             f"{case:<34}{min(times):>7.2f}s{statistics.median(times):>7.2f}s{max(times):>7.2f}s"
@@ -285,7 +290,9 @@ def main() -> None:
                         )
             for kind in kinds:
                 for ttl in [float(t) for t in args.ttls.split(",")]:
-                    follower, leader, queries = idle_follower(etcd, redis, ttl, args.idle, kind, db)
+                    follower, leader, queries = idle_follower(
+                        etcd, redis, ttl, args.idle, kind, db if kind == "database" else None
+                    )
                     database = "" if queries is None else f", {queries:.2f} database statements/s"
                     print(
                         f"{f'{kind} idle follower, ttl {ttl:g}':<34}{follower:>7.2f} requests/s to etcd"
