@@ -1,8 +1,8 @@
 """The capacity benchmark's report: Markdown tables, the plot, and the figures the model is built from.
 
-text = markdown(results)          # every table; results as bench_scale collects them
+text = markdown(results)            # every table; results as bench_scale collects them
 plot(results, "docs/capacity-idle.png")
-figures = model(results)          # requests/s per idle worker, per held lock, per run, per follower, ...
+figures = model(results, "cluster")  # requests/s per idle worker, per held lock, per run, per follower, ...
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def model(results: dict[str, Any]) -> dict[str, float]:
-    """The model's unit costs, from the rows (each an average over the cells it applies to)."""
+def model(results: dict[str, Any], target: str) -> dict[str, float]:
+    """The model's unit costs on ``target``, from its rows (each an average over the cells it applies to)."""
+    results = {key: [r for r in rows if r.get("target") == target] if isinstance(rows, list) and key != "targets"
+               else rows for key, rows in results.items()}  # fmt: skip
     idle = [r for r in results.get("idle", []) if r["kind"] == "ours"]
     ttl = results["settings"]["ttl"]
     at_ttl = [r for r in idle if r["ttl"] == ttl]
@@ -59,6 +61,12 @@ def model(results: dict[str, Any]) -> dict[str, float]:
     return figures
 
 
+def handoff_requests(row: dict[str, Any]) -> float:
+    """A hot-key row's requests per handoff without the waiting clients' renewals (3 per keep-alive)."""
+    renewals = 3 * row["by_method"].get("LeaseKeepAlive", 0.0) * row["seconds"]
+    return (row["requests"] - renewals) / max(1, row["handoffs"])
+
+
 def _per(value: float, n: float) -> float:
     return value / n if n else math.nan
 
@@ -90,10 +98,10 @@ def markdown(results: dict[str, Any]) -> str:
             parts.append(f"\n#### Hot keys, {target}: every waiter queued, then the holders release\n")
             parts.append(markdown_table(
                 ["keys", "waiters each", "handoffs", "handoffs/s", "watchers queued", "requests/handoff",
-                 "proposals/handoff", "watch events/handoff", "failed", "load"],
+                 "of which the handoff's", "proposals/handoff", "watch events/handoff", "failed", "load"],
                 [[r["names"], r["waiters_per_name"], r["handoffs"], r["handoffs_per_s"], int(r["watchers_before"]),
-                  r["requests_per_handoff"], r["proposals_per_handoff"], r["events_per_handoff"], r["failed"],
-                  r["load"]] for r in hot]))  # fmt: skip
+                  r["requests_per_handoff"], handoff_requests(r), r["proposals_per_handoff"], r["events_per_handoff"],
+                  r["failed"], r["load"]] for r in hot]))  # fmt: skip
         beat = [r for r in results.get("beats", []) if r["target"] == target]
         if beat:
             parts.append(f"\n#### Beats, {target}: LeaderScheduler followers, then the leader SIGKILLed\n")
@@ -110,9 +118,10 @@ def markdown(results: dict[str, Any]) -> str:
                 ["keys on the lease", "bytes", "bytes/key", "listing ms"],
                 [[r["keys"], r["bytes"], r["bytes_per_key"], r["listing_ms"]] for r in read]))  # fmt: skip
         parts.append("")
-    figures = model(results)
-    parts.append("#### The model's unit costs (derived from the rows above)\n")
-    parts.append(markdown_table(["figure", "value"], [[k, fmt(v, 3)] for k, v in figures.items()]))
+    for target in results["targets"]:
+        figures = model(results, target)
+        parts.append(f"\n#### The model's unit costs, {target} (derived from the rows above)\n")
+        parts.append(markdown_table(["figure", "value"], [[k, fmt(v, 3)] for k, v in figures.items()]))
     return "\n".join(parts) + "\n"
 
 
