@@ -27,8 +27,10 @@ of the lock's session for ``lock_lost``. Keep it short; an exception in it is
 logged and dropped.
 
 Celery events, when task events are on (``celery worker -E``, or
-``worker_send_task_events = True``, which beat follows too), so that
-``celery events`` and Flower show them:
+``worker_send_task_events = True``, which beat follows too; a worker's also
+when switched on at run time by ``celery control enable_events``, as Flower
+does, within a second and in its pool processes too), so that ``celery
+events`` and Flower show them:
 
 - ``task-skipped``: ``uuid`` (the task id), ``name`` (the task), ``lock``, ``holders``;
 - ``task-lock-lost``: ``uuid``, ``name``, ``lock``, ``token``, ``cause``;
@@ -45,6 +47,7 @@ process nothing. The worker and beat hooks that turn events on live in
 from __future__ import annotations
 
 import logging
+import mmap
 from typing import Any
 
 from celery.utils.dispatch import Signal
@@ -70,7 +73,7 @@ class _Signal(Signal):
         try:
             return super().disconnect(*args, **kwargs)
         finally:
-            _listen_as_needed()
+            listen_as_needed()
 
 
 lock_acquired = _Signal(name="lock_acquired")
@@ -85,17 +88,49 @@ _REPORTED = (lock_acquired, lock_released, lock_lost, leader_elected, leader_dep
 
 # -- events -----------------------------------------------------------------------------------------
 
-_events: dict[str, Any] = {"app": None, "enabled": False, "hostname": None}
+_events: dict[str, Any] = {"app": None, "enabled": False, "hostname": None, "flag": None}
+
+#: seconds between two looks of a worker's main process at its events state (``celery control enable_events``)
+EVENTS_POLL = 1.0
 
 
 def events_of_worker(worker: Any) -> None:
-    """A worker decides with -E (``task_events``); its pool children inherit the answer through fork.
+    """A worker starts with -E (``task_events``) or not, and can be switched at run time.
 
-    Called at ``worker_init`` (tasks/worker.py).
+    ``celery control enable_events`` / ``disable_events`` (as Flower sends them) change the task
+    group of the consumer's event dispatcher, in the worker's main process only. So the answer
+    lives in one byte of memory shared with the pool processes (an anonymous shared mapping made
+    here, before the pool forks); ``follow_consumer_events`` keeps it up to date. Called at
+    ``worker_init`` (tasks/worker.py).
     """
-    _events.update(app=getattr(worker, "app", None), enabled=bool(getattr(worker, "task_events", False)),
-                   hostname=getattr(worker, "hostname", None))  # fmt: skip
-    _listen_as_needed()
+    flag = mmap.mmap(-1, 1)  # MAP_SHARED: a forked pool process sees every later write
+    flag[0] = bool(getattr(worker, "task_events", False))
+    _events.update(app=getattr(worker, "app", None), enabled=bool(flag[0]),
+                   hostname=getattr(worker, "hostname", None), flag=flag)  # fmt: skip
+    listen_as_needed()
+
+
+def follow_consumer_events(consumer: Any) -> None:
+    """Copy the consumer's events state into the shared byte, now and every ``EVENTS_POLL`` s (``worker_ready``)."""
+    timer = getattr(consumer, "timer", None)
+    _note_consumer_events(consumer)
+    if timer is not None:
+        timer.call_repeatedly(EVENTS_POLL, _note_consumer_events, (consumer,))
+
+
+def _note_consumer_events(consumer: Any) -> None:
+    flag = _events["flag"]
+    dispatcher = getattr(consumer, "event_dispatcher", None)
+    if flag is None or dispatcher is None:
+        return
+    groups = dispatcher.groups  # None: every group (-E); else the groups sent ({"worker"}, plus "task" once enabled)
+    flag[0] = bool(dispatcher.enabled and (not groups or "task" in groups))
+
+
+def events_on() -> bool:
+    """Whether this process sends the package's events now (a worker's may change at run time)."""
+    flag = _events["flag"]
+    return bool(flag[0]) if flag is not None else bool(_events["enabled"])
 
 
 def events_of_beat(beat: Any) -> None:
@@ -103,12 +138,16 @@ def events_of_beat(beat: Any) -> None:
     app = getattr(beat, "app", None)
     enabled = bool(app is not None and app.conf.worker_send_task_events)
     _events.update(app=app, enabled=enabled, hostname=f"beat@{getattr(beat, 'hostname', None) or 'localhost'}")
-    _listen_as_needed()
+    listen_as_needed()
 
 
-def _listen_as_needed() -> None:
-    """Listen to the primitives while a signal has a receiver or events are on; else not at all."""
-    if _events["enabled"] or any(signal.receivers for signal in _REPORTED):
+def listen_as_needed() -> None:
+    """Listen to the primitives while a signal has a receiver or events are on; else not at all.
+
+    A worker's task runs call it as they start (``task_prerun``): events switched on at run time
+    take effect from the next run, and a process with nothing to tell pays nothing.
+    """
+    if events_on() or any(signal.receivers for signal in _REPORTED):
         observe.subscribe(_from_primitives)
     else:
         observe.unsubscribe(_from_primitives)
@@ -117,7 +156,7 @@ def _listen_as_needed() -> None:
 def send_event(type_: str, **fields: Any) -> None:
     """Publish a Celery event, if task events are on in this process; never raises, never retries."""
     app = _events["app"]
-    if not _events["enabled"] or app is None:
+    if app is None or not events_on():
         return
     try:
         with app.events.default_dispatcher(hostname=_events["hostname"]) as dispatcher:

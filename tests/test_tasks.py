@@ -828,7 +828,7 @@ def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: 
         skipped.append({"sender": sender, **kwargs})
 
     signals.task_skipped.connect(on_skipped)
-    assert signals._events["enabled"], "the worker, started with task events on (-E), did not turn ours on"
+    assert signals.events_on(), "the worker, started with task events on (-E), did not turn ours on"
 
     receivers: list[Any] = []
 
@@ -855,7 +855,7 @@ def test_a_skipped_run_sends_task_skipped_and_an_event_when_events_are_on(etcd: 
         wait_until(lambda: [e for e in received if e["type"] == "task-skipped"], 20, "the task-skipped event")
     finally:
         signals.task_skipped.disconnect(on_skipped)
-        signals._events.update(enabled=False)
+        signals._events.update(enabled=False, flag=None)
         # issue 24.19: the listener outlived the test and died on the closed Redis with two tracebacks
         for receiver in receivers:
             receiver.should_stop = True

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -371,3 +372,42 @@ def test_limited_task_of_two_on_five_children_runs_two_at_once_and_all_of_them(w
         assert len({e["token"] for e in events(tag, "start")}) == 6
     finally:
         wide.stop()
+
+
+def test_events_switched_on_at_run_time_reach_the_pool_processes(worker: Worker, tag: str) -> None:
+    """Issue 24.16: task-skipped followed -E only, not `celery control enable_events` (as Flower sends it)."""
+    received: list[dict[str, Any]] = []
+    receivers: list[Any] = []
+
+    def listen() -> None:
+        with taskapp.app.connection_for_read() as connection:
+            receiver = taskapp.app.events.Receiver(connection, handlers={"*": received.append})
+            receivers.append(receiver)
+            receiver.capture(limit=None, timeout=60, wakeup=False)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    holder = Mutex(worker.client, taskapp.skip_task.lock_name_for((tag,)), ttl=10, data={"task_id": "holder"})
+    assert holder.acquire()
+    skipped_ids: list[str] = []
+
+    def a_skip_sends_its_event() -> bool:  # the pool sees the switch within a second: each try skips once more
+        handle = taskapp.skip_task.delay(tag)
+        assert handle.get(timeout=RESULT_TIMEOUT) is None
+        skipped_ids.append(handle.id)
+        return any(e["type"] == "task-skipped" and e["uuid"] in skipped_ids for e in received)
+
+    try:
+        wait_until(lambda: receivers, 20, "the event receiver")
+        a_skip_sends_its_event()  # with events off: its task-skipped must never come (checked below)
+        off = skipped_ids[0]
+        replies = taskapp.app.control.enable_events(reply=True, timeout=10, limit=1)
+        assert replies, "no worker answered enable_events"
+        wait_until(a_skip_sends_its_event, 30, "a task-skipped event after enable_events", interval=0.3)
+        assert off not in [e.get("uuid") for e in received if e["type"] == "task-skipped"], "sent with events off"
+    finally:
+        taskapp.app.control.disable_events(reply=True, timeout=10, limit=1)
+        holder.release()
+        for receiver in receivers:
+            receiver.should_stop = True
+        listener.join(timeout=20)

@@ -7,6 +7,10 @@
 | ``worker_init``           | metrics on, as ``etcdlock_metrics`` says (before the pool forks);        |
 |                           | task events on with ``-E``; a pool that cannot keep locks alive          |
 |                           | (eventlet) stops the start of a worker that has locked tasks             |
+| ``worker_ready``          | the consumer's events state (``celery control enable_events``, as        |
+|                           | Flower sends it) is followed, every second, by the pool processes too    |
+| ``task_prerun``           | the primitives are listened to while events are on or signals have       |
+|                           | receivers (events switched on at run time count from the next run)       |
 | ``worker_process_init``   | a pool process notes it is one (``memory://`` is refused there); the     |
 |                           | metrics forget the held locks of pool processes that died                |
 | ``worker_process_shutdown`` | a pool process gives its locks back (v3 revokes its lease), and its    |
@@ -136,6 +140,17 @@ def _check_beat_settings(sender: Any = None, **_: Any) -> None:
         settings.check_at_start(app, "beat")
 
 
+def _follow_worker_events(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``'s sender is the consumer, whose event dispatcher ``enable_events`` switches."""
+    if sender is not None:
+        signals.follow_consumer_events(sender)
+
+
+def _events_as_now(**_: Any) -> None:
+    """A task run starts: listen to the primitives if events are on now (they may have been switched)."""
+    signals.listen_as_needed()
+
+
 def _beat_events(sender: Any = None, **_: Any) -> None:
     signals.events_of_beat(sender)
 
@@ -162,6 +177,8 @@ HOOKS = (
     (celery_signals.worker_init, _worker_events),
     (celery_signals.worker_init, _refuse_unsupported_pool),
     (celery_signals.celeryd_after_setup, _check_worker_settings),
+    (celery_signals.worker_ready, _follow_worker_events),
+    (celery_signals.task_prerun, _events_as_now),
     (celery_signals.worker_process_init, _note_pool_process),
     (celery_signals.worker_process_init, _forget_dead_pool_processes),
     (celery_signals.worker_process_shutdown, _pool_process_exits),
