@@ -190,7 +190,7 @@ REPLACED: dict[str, str] = {
 }
 
 #: a start check's probe: seconds to wait for each endpoint to accept a connection
-PROBE_TIMEOUT = 3.0
+PROBE_TIMEOUT = 1.0
 
 
 class SettingsError(ValueError):
@@ -284,22 +284,25 @@ def check_at_start(app: Any, role: str) -> Settings | None:
     return settings
 
 
-def probe_in_background(settings: Settings, role: str) -> None:
-    def probe() -> None:
-        why = unreachable(settings)
-        if why is None:
-            logger.debug("celery_etcdlock: etcd at %s accepts connections", settings.shown_url)
-            return
-        logger.warning(
-            "celery_etcdlock: etcd is unreachable at this %s's start (etcdlock_url is %s: %s); locked tasks fail "
-            "until it answers, and the %s goes on serving its other tasks",
-            role,
-            settings.shown_url,
-            why,
-            role,
-        )
+def probe(settings: Settings, role: str) -> None:
+    """One line if no endpoint of etcd accepts a connection, at a worker's start.
 
-    threading.Thread(target=probe, name="etcdlock-start-probe", daemon=True).start()
+    In the worker's main process before its pool forks, so no thread: a thread of ours alive at
+    the fork is what prefork must never see (tests/test_fork_safety.py). A refused connection
+    answers at once; a black-holed endpoint costs at most ``PROBE_TIMEOUT`` of the start.
+    """
+    why = unreachable(settings)
+    if why is None:
+        logger.debug("celery_etcdlock: etcd at %s accepts connections", settings.shown_url)
+        return
+    logger.warning(
+        "celery_etcdlock: etcd is unreachable at this %s's start (etcdlock_url is %s: %s); locked tasks fail "
+        "until it answers, and the %s goes on serving its other tasks",
+        role,
+        settings.shown_url,
+        why,
+        role,
+    )
 
 
 # -- metrics: on in workers and beats, as the settings say ----------------------------------------

@@ -87,7 +87,7 @@ def _check_worker_settings(sender: Any = None, instance: Any = None, **_: Any) -
     app = getattr(instance, "app", None)
     checked = settings.check_at_start(app, "worker") if app is not None else None
     if checked is not None:
-        settings.probe_in_background(checked, "worker")
+        settings.probe(checked, "worker")
 
 
 # -- pool processes ------------------------------------------------------------------------------------
