@@ -447,3 +447,49 @@ def test_sqlite_two_beats_one_sender_each_run_once(api, etcd_url, redis_url, mak
     wait_until(lambda: len(beats.runs("every")) >= 4, 30, "4 runs")
     assert set(beats.senders()) == {beats.identity(leader)}
     beats.check_each_run_once("every")
+
+
+# -- a deposed leader that leads again reloads the database, in process --------------------------------
+
+
+def sent_headers(app: Any) -> list[dict[str, Any]]:
+    """The ``etcdlock_beat`` header of every message published to the app's queue, oldest first."""
+    raw = redis.Redis.from_url(app.conf.broker_url).lrange(app.conf.task_default_queue, 0, -1)
+    return [json.loads(m)["headers"]["etcdlock_beat"] for m in reversed(raw)]  # LPUSHed: newest first
+
+
+@pytest.mark.parametrize("api", ["v3"])
+def test_a_deposed_leader_that_leads_again_reloads_the_database_and_sends_no_run_twice(
+    api, pg_url, orm, etcd_url, redis_url
+):
+    from celery_etcdlock.beat.django import LeaderDatabaseScheduler
+
+    every(orm, "every")
+    app = make_app(etcd_url, redis_url, {}, ttl=30)
+    a = LeaderDatabaseScheduler(app, etcd_client=connect(etcd_url), identity="a:1")
+    b = LeaderDatabaseScheduler(app, etcd_client=connect(etcd_url), identity="b:2")
+    try:
+        tick_until(a, lambda: queued(app) >= 2, 20, "a to send")
+        b.tick()
+        assert connect(etcd_url).backend.delete_entry(a._election.fence_entry)  # a is deposed
+        tick_until(b, lambda: b.is_leader, 20, "b to take over")
+        sent = queued(app)
+        tick_until(b, lambda: queued(app) >= sent + 3, 20, "b to send 3 runs")
+        a.tick()
+        assert not a.is_leader
+        # b is deposed without writing its last runs to the database (it syncs every 3 minutes)
+        assert connect(etcd_url).backend.delete_entry(b._election.fence_entry)
+        stale = orm.PeriodicTask.objects.get(name="every").last_run_at
+        last_by_b = sent_headers(app)[-1]
+        tick_until(a, lambda: a.is_leader, 20, "a to lead again")
+        b.tick()
+        tick_until(a, lambda: sent_headers(app)[-1]["sender"] == "a:1", 20, "a to send again")
+        headers = sent_headers(app)
+        afters = [h["after"] for h in headers]
+        assert len(set(afters)) == len(afters), f"a run sent twice: {headers}"
+        first_again = next(h for h in headers[headers.index(last_by_b) :] if h["sender"] == "a:1")
+        assert first_again["run"] == last_by_b["run"] + 1, (first_again, last_by_b, stale)
+        assert stale < datetime.fromisoformat(first_again["after"]), "the database was not stale"
+    finally:
+        a.close()
+        b.close()
