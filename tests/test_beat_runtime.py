@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,11 @@ from celery.schedules import crontab
 from celery_etcdlock import connect, observe
 from celery_etcdlock.beat import LeaderScheduler, LeaderSchedulerEntry
 from celery_etcdlock.beat.entries import run_key
+from tests import test_beat
 from tests.support import wait_until
 from tests.test_beat import ROOT, Beats, make_app, scheduler_for, tick_until, url_prefix
+
+make_beats = test_beat.make_beats  # the fixture of real beat processes, stopped after the test
 
 
 @pytest.fixture
@@ -132,21 +135,6 @@ def test_a_runtime_namesake_of_a_static_entry_is_not_sent(etcd_url, redis_url, s
 # -- real beat processes -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def beats_of(tmp_path: Path) -> Iterator[Callable[..., Beats]]:
-    made: list[Beats] = []
-
-    def make(etcd_url: str, redis_url: str, ttl: float, schedule: str = "every") -> Beats:
-        beats = Beats(tmp_path, etcd_url, redis_url, ttl, schedule)
-        made.append(beats)
-        return beats
-
-    yield make
-    for beats in made:
-        beats.close()
-        print(beats.dump())  # shown by pytest when the test failed
-
-
 def saver(etcd_url: str) -> Celery:
     """An app that saves runtime entries for tests.beatapp's beats (their beat name, etcd and prefix)."""
     app = Celery("saver", set_as_current=False)
@@ -170,11 +158,11 @@ def no_doubles(published: list[tuple[str, str, float]], interval: float) -> None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])  # one real-process run: the in-process tests cover both APIs
-def test_runtime_entries_across_a_fail_over_of_real_beats(etcd_url, redis_url, beats_of):
+def test_runtime_entries_across_a_fail_over_of_real_beats(etcd_url, redis_url, make_beats):
     """Save while three beats run: the leader alone sends; SIGKILL it: the next sends the interval entry on, and
     the crontab run that fell due with no leader up once; a schedule change, then a delete, are followed."""
     ttl = 2
-    beats = beats_of(etcd_url, redis_url, ttl, "every")
+    beats = make_beats(etcd_url, redis_url, ttl, "every")
     for _ in range(3):
         beats.start_beat()
     beats.start_worker()
@@ -240,11 +228,11 @@ def release_02(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
-def test_a_rolling_deploy_new_then_02_then_new_sends_nothing_twice(etcd_url, redis_url, beats_of, release_02):
+def test_a_rolling_deploy_new_then_02_then_new_sends_nothing_twice(etcd_url, redis_url, make_beats, release_02):
     """A 0.2 leader between two new ones sends the static entries on (runtime entries wait for a new leader), and
     neither the state document nor the runtime entries' run records are damaged by it."""
     ttl = 2
-    beats = beats_of(etcd_url, redis_url, ttl, "every")
+    beats = make_beats(etcd_url, redis_url, ttl, "every")
     app = saver(etcd_url)
     runtime_entry(app, "rt", 1.0).save()
     new = beats.start_beat()
