@@ -187,6 +187,10 @@ def eager_app(lock_url: str) -> Iterator[Celery]:
     """An app with ``task_always_eager=True``: tasks run at once, in the caller's thread."""
     app = Celery("eager", set_as_current=False)
     app.conf.update(task_always_eager=True, etcdlock_url=lock_url, etcdlock_ttl=5)
+    # Finalized, the app makes each task at its decorator. Unfinalized, it hands out a proxy that two
+    # threads' first delay() may evaluate at once, and Celery then lets one of them run the task before
+    # bind() has given it a request stack (AttributeError: 'NoneType' object has no attribute 'push')
+    app.finalize()
     yield app
     # Celery marks "inside a task" for an eager run in a flag of the process, not of the thread, and puts back
     # what it found: two eager runs in two threads may leave it set, and every later result.get() refused
