@@ -40,7 +40,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from . import masking, metrics
 from .errors import BackendUnavailable, InvalidUse
@@ -261,6 +261,19 @@ def unreachable(settings: Settings, timeout: float = PROBE_TIMEOUT) -> str | Non
 _checked: weakref.WeakSet[Any] = weakref.WeakSet()  # the apps checked (a LeaderScheduler checks, then beat_init)
 
 
+#: the exit status of a start refused for its configuration (sysexits.h's EX_CONFIG)
+EX_CONFIG = getattr(os, "EX_CONFIG", 78)
+
+
+def refuse_start(line: str) -> NoReturn:
+    """Stop a worker's or beat's start with ``line`` (what is wrong, what to do) and status 78, no traceback."""
+    if logging.getLogger().handlers:
+        logger.error("%s", line)
+    else:  # a beat creates its scheduler once before it sets up logging (for its banner)
+        print(line, file=sys.stderr, flush=True)
+    raise SystemExit(EX_CONFIG) from None
+
+
 def check_at_start(app: Any, role: str) -> Settings | None:
     """Check ``app``'s settings as ``role`` (``"worker"``, ``"beat"``) starts: log the warnings, or refuse to start.
 
@@ -273,12 +286,7 @@ def check_at_start(app: Any, role: str) -> Settings | None:
     try:
         settings, warnings = check(app)
     except SettingsError as exc:
-        line = f"celery_etcdlock: the {role} does not start: {exc}"
-        if logging.getLogger().handlers:
-            logger.error("%s", line)
-        else:  # a beat creates its scheduler once before it sets up logging (for its banner)
-            print(line, file=sys.stderr, flush=True)
-        raise SystemExit(getattr(os, "EX_CONFIG", 78)) from None
+        refuse_start(f"celery_etcdlock: the {role} does not start: {exc}")
     for warning in warnings:
         logger.warning("celery_etcdlock: %s", warning)
     return settings

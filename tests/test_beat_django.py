@@ -274,6 +274,63 @@ def test_without_the_extra_or_django_settings_the_import_error_says_what_to_do()
     assert "Django is not configured: set DJANGO_SETTINGS_MODULE" in done.stderr, done.stderr
 
 
+def _beat_refused(tmp_path: Path, app: str, **env: str) -> str:
+    """Run ``celery -A app beat -S LeaderDatabaseScheduler``, expect the start refused in one line; its stderr."""
+    clean = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    path = os.pathsep.join([env.pop("PYTHONPATH", ""), str(tmp_path), str(ROOT)]).lstrip(os.pathsep)
+    done = subprocess.run(
+        [CELERY, "-A", app, "beat", "-S", SCHEDULER, "-s", str(tmp_path / "unused")],
+        cwd=ROOT, env={**clean, "PYTHONPATH": path, "BEATAPP_BROKER": "redis://127.0.0.1:1/0", **env},
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 78, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("celery_etcdlock: the beat does not start: "), done.stderr
+    return lines[0]
+
+
+def test_celery_beat_without_the_extra_exits_78_with_one_line_saying_what_to_install(tmp_path: Path) -> None:
+    # a django_celery_beat that fails to import, first on the path: a real import failure, as when it is absent
+    (shadow := tmp_path / "shadow" / "django_celery_beat").mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'django_celery_beat'\", name='django_celery_beat')\n"
+    )
+    line = _beat_refused(tmp_path, "tests.beatapp", PYTHONPATH=str(shadow.parent))
+    assert "needs django-celery-beat, which is not installed: pip install 'celery-etcdlock[django]'" in line
+    assert "add 'django_celery_beat' to INSTALLED_APPS" in line
+    (shadow / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    line = _beat_refused(tmp_path, "tests.beatapp", PYTHONPATH=str(shadow.parent))
+    assert "does not import (ImportError: broken on purpose): pip install 'celery-etcdlock[django]'" in line
+    # as the module path, too
+    done = subprocess.run(
+        [CELERY, "-A", "tests.beatapp", "beat", "-S", "celery_etcdlock.beat.django:LeaderDatabaseScheduler"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), str(ROOT)])},
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 78 and "Traceback" not in done.stderr and "broken on purpose" in done.stderr, done.stderr
+
+
+def test_celery_beat_with_django_not_configured_exits_78_with_one_line_saying_what_to_set(tmp_path: Path) -> None:
+    line = _beat_refused(tmp_path, "tests.beatapp")  # no DJANGO_SETTINGS_MODULE anywhere
+    assert "Django is not configured: set DJANGO_SETTINGS_MODULE in the Celery app module" in line
+    assert "django.setup()" in line
+    # set after the app is made (Celery's Django fix-up is not on), to a module that is not there
+    (tmp_path / "lateproj.py").write_text(
+        "import os\nfrom celery import Celery\napp = Celery('lateproj')\n"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 'nosuchproj.settings'\n"
+    )
+    line = _beat_refused(tmp_path, "lateproj")
+    assert "Django's setup failed (DJANGO_SETTINGS_MODULE='nosuchproj.settings'): ModuleNotFoundError" in line
+    # configured, without django_celery_beat in INSTALLED_APPS
+    (tmp_path / "bareproj_settings.py").write_text(
+        "SECRET_KEY = 't'\nINSTALLED_APPS = ['django.contrib.contenttypes']\nUSE_TZ = True\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}\n"
+    )
+    line = _beat_refused(tmp_path, "tests.beatapp", DJANGO_SETTINGS_MODULE="bareproj_settings")
+    assert "add 'django_celery_beat' to INSTALLED_APPS" in line
+
+
 def _beat_once(db_url: str, etcd_url: str, redis_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,

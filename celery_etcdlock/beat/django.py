@@ -19,39 +19,83 @@ answers and has django-celery-beat's tables, and stops with one line that says
 what is wrong (``DatabaseNotReady``, a ``SystemExit``) rather than a traceback
 from deep inside Django. Importing this module without the extra raises
 ``ImportError`` naming it; with Django not configured, ``ImportError`` saying so.
+When it is celery beat that imports it (``-S``), the same words are one line on
+stderr (or the log) and the beat exits with status 78, as for bad settings.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from types import FrameType
+from typing import Any, NoReturn
 
+from ..settings import refuse_start
+
+NAME = "celery_etcdlock.beat.LeaderDatabaseScheduler"
 EXTRA = "celery-etcdlock[django]"
+SETUP = (
+    f"pip install '{EXTRA}', add 'django_celery_beat' to INSTALLED_APPS and run "
+    "`python manage.py migrate django_celery_beat`"
+)
+
+
+def _loaded_by_celery_beat() -> bool:
+    """Whether celery.beat's ``Service.get_scheduler`` is importing us (``celery beat -S``, ``worker -B``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "get_scheduler" and frame.f_globals.get("__name__") == "celery.beat":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _cannot_load(problem: str) -> NoReturn:
+    """``ImportError`` saying ``problem``; when celery beat loads us, one line and exit status 78 instead.
+
+    Celery catches nothing around its scheduler's import: an ImportError would end
+    the beat in a traceback of fifty lines whose last one is ours.
+    """
+    if _loaded_by_celery_beat():
+        refuse_start(f"celery_etcdlock: the beat does not start: {NAME}{problem}")
+    raise ImportError(f"{NAME}{problem}") from None
+
 
 try:
     import django
     import django_celery_beat  # noqa: F401  (the package alone needs no settings; its models do)
     from django.conf import settings as django_settings
-except ModuleNotFoundError:
-    raise ImportError(
-        f"celery_etcdlock.beat.LeaderDatabaseScheduler needs django-celery-beat: pip install '{EXTRA}'"
-    ) from None
+except ImportError as exc:
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if (missing or "").split(".")[0] in ("django", "django_celery_beat"):
+        _cannot_load(f" needs django-celery-beat, which is not installed: {SETUP}")
+    _cannot_load(f" needs django-celery-beat, which does not import ({type(exc).__name__}: {exc}): {SETUP}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _django_ready() -> None:
     from django.apps import apps
-    from django.core.exceptions import ImproperlyConfigured
 
-    try:
-        configured = django_settings.configured
-    except ImproperlyConfigured:
-        configured = False
-    if not configured:
-        raise ImportError(
-            "celery_etcdlock.beat.LeaderDatabaseScheduler: Django is not configured: set DJANGO_SETTINGS_MODULE "
-            "before the Celery app loads (proj/celery.py, as Celery's Django guide shows)"
+    # ``settings.configured`` is only true once something has read a setting: the variable is what counts
+    if not (django_settings.configured or os.environ.get("DJANGO_SETTINGS_MODULE")):
+        _cannot_load(
+            ": Django is not configured: set DJANGO_SETTINGS_MODULE in the Celery app module before the app is "
+            "made (os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'proj.settings') in proj/celery.py, as "
+            "the Celery and django-celery-beat docs show), or call django.setup() there"
         )
-    if not apps.ready:
+    if apps.ready:
+        return
+    try:
         django.setup()  # what Celery's Django fix-up does in a worker; beat may get here first
+    except Exception as exc:  # the settings module is missing or broken: Django's error, in one line
+        module = os.environ.get("DJANGO_SETTINGS_MODULE")
+        _cannot_load(
+            f": Django's setup failed (DJANGO_SETTINGS_MODULE={module!r}): {type(exc).__name__}: {_first_line(exc)}"
+        )
 
 
 _django_ready()
@@ -59,16 +103,12 @@ _django_ready()
 try:
     from django_celery_beat.models import PeriodicTask, PeriodicTasks
     from django_celery_beat.schedulers import DatabaseScheduler
-except ModuleNotFoundError as exc:
+except ImportError as exc:
     if (exc.name or "").split(".")[0] != "django_celery_beat":
         raise
-    raise ImportError(
-        f"celery_etcdlock.beat.LeaderDatabaseScheduler needs django-celery-beat: pip install '{EXTRA}'"
-    ) from None
+    _cannot_load(f" needs django-celery-beat, which is not installed: {SETUP}")
 except RuntimeError as exc:  # "Model class ... doesn't declare an explicit app_label": not in INSTALLED_APPS
-    raise ImportError(
-        f"celery_etcdlock.beat.LeaderDatabaseScheduler: add 'django_celery_beat' to INSTALLED_APPS ({exc})"
-    ) from None
+    _cannot_load(f": add 'django_celery_beat' to INSTALLED_APPS and run `python manage.py migrate` ({exc})")
 
 from django.db import DatabaseError, connections, router  # noqa: E402
 
@@ -80,11 +120,6 @@ class DatabaseNotReady(SystemExit):
 
     def __str__(self) -> str:
         return str(self.code)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def check_database() -> None:
