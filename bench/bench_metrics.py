@@ -89,7 +89,7 @@ def events_cost(name: str, count: int = 20000) -> float:
     def one_cycle() -> None:  # what QueueLock._report does for an acquire and a release
         for kind in (observe.ACQUIRED, observe.RELEASED):
             if observe.listening():
-                observe.report(observe.Event(kind, name=name, primitive="mutex", token=1, holder="host:1",
+                observe.report(observe.Event(kind, name=name, lock_kind="mutex", token=1, holder="host:1",
                                              data={}, seconds=0.004))  # fmt: skip
 
     best = float("inf")

@@ -180,7 +180,7 @@ class _Metrics:
 
     def _series_of(self, event: observe.Event) -> _LockSeries:
         task = event.data.get("task")
-        labels = (event.primitive, task, task) if task else (event.primitive, event.name, "")
+        labels = (event.lock_kind, task, task) if task else (event.lock_kind, event.name, "")
         series = self._series.get(labels)
         if series is None:
             with self._series_lock:

@@ -50,7 +50,7 @@ CLOSED = "closed"  # its client was closed
 class Event:
     kind: str
     name: str = ""  # the lock or election name ("" for RETRY/FAILED)
-    primitive: str = ""  # "mutex", "read", "write", "semaphore", "election"
+    lock_kind: str = ""  # the lock's kind: "mutex", "read", "write", "semaphore", "election"
     token: int | None = None
     holder: str | None = None  # "host:pid" of this process, or the identity of a candidate
     data: dict[str, Any] = field(default_factory=dict)  # what the holder recorded (task id, task name, worker)

@@ -10,6 +10,13 @@ error everywhere:
 - a number out of range (negative, zero where it must be positive, NaN,
   infinite, above ``MAX_SECONDS``): ``ValueError``.
 
+A value is checked where a user hands it over: a setting when the app's
+settings are read, a task option when the task is declared, an argument in
+the constructor of a primitive or a store. It travels inward as the float
+that check returned, and nothing below (the session, the backends) checks it
+again. A TTL becomes the whole seconds etcd is asked for once, where its lease
+is granted (``Lease.server_ttl``).
+
     parse_url("etcd3s://app:secret@h1:2379,h2?ca=/etc/ca.pem&timeout=2")
     parse_url("memory://unit-tests?prefix=/app")   # the in-process backend, namespace "unit-tests"
     check_seconds(10, "ttl", positive=True)     # 10.0

@@ -170,13 +170,13 @@ def send_event(type_: str, **fields: Any) -> None:
 
 def _from_primitives(event: observe.Event) -> None:
     task_id = event.data.get("task_id")
-    if event.kind in _LOCK_SIGNALS and event.primitive != "election":
+    if event.kind in _LOCK_SIGNALS and event.lock_kind != "election":
         duration = "waited" if event.kind == observe.ACQUIRED else "held"
         details = {"cause": event.cause} if event.kind == observe.LOST else {}
         _LOCK_SIGNALS[event.kind].send(
             sender=event.name,
             name=event.name,
-            kind=event.primitive,
+            kind=event.lock_kind,
             token=event.token,
             holder=event.holder,
             data=event.data,

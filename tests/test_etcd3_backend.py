@@ -222,11 +222,13 @@ def test_delete_entry_is_guarded_by_create_revision(backend: Etcd3Backend, serve
 # -- leases -------------------------------------------------------------------------------------
 
 
-def test_grant_leaves_room_for_etcds_expiry_loop(backend: Etcd3Backend) -> None:
+def test_grant_leaves_room_for_etcds_expiry_loop(backend: Etcd3Backend, server: EtcdServer) -> None:
     lease = backend.grant(3.7)
     assert isinstance(lease, V3Lease)
     # whole seconds, and 0.5 s below the ttl: expired leases are swept twice a second
-    assert lease.granted_ttl == 3 and lease.ttl == 3.7
+    assert lease.server_ttl == 3 and lease.ttl == 3.7
+    status, reply = server.v3("lease/timetolive", {"ID": str(lease.lease_id)})
+    assert status == 200 and int(reply["grantedTTL"]) == 3, reply  # what etcd holds is what the clocks run on
     assert not lease.expired and int(lease.id, 16) == lease.lease_id
 
 

@@ -57,7 +57,7 @@ def test_the_sides_are_public_types_and_data_is_keyword_only(client):
     rw = RWLock(client, "typed-sides", ttl=5)
     reader, writer = rw.read(data={"who": "r"}), rw.write()
     assert isinstance(reader, ReadLock) and isinstance(writer, WriteLock)
-    assert (reader.primitive, writer.primitive) == ("read", "write")
+    assert (reader.kind, writer.kind) == ("read", "write")
     with pytest.raises(TypeError):
         rw.read(None, {"who": "r"})  # type: ignore[misc]
     with pytest.raises(TypeError):

@@ -119,19 +119,6 @@ class LeaseExpired(Exception):
     """The lease an entry was to be created with no longer exists (v3); grant a new one."""
 
 
-class Lease(abc.ABC):
-    """What keeps a group of entries alive; created by ``Backend.grant``."""
-
-    ttl: float
-    expired: bool = False  # set by keep_alive when the server no longer knows the lease
-    keys: set[str] | None = None  # the keys the server says the lease carries (v3, set by keep_alive)
-
-    @property
-    @abc.abstractmethod
-    def id(self) -> str:
-        """A short printable id, for logs."""
-
-
 EXPIRY_LAG = 0.5  # etcd removes expired keys (v2) and leases (v3) in a loop that runs twice a second
 
 
@@ -142,6 +129,27 @@ def server_ttl(ttl: float) -> int:
     deadline and renewals are reckoned from this number, not from ``ttl``.
     """
     return max(1, math.floor(ttl - EXPIRY_LAG))
+
+
+class Lease(abc.ABC):
+    """What keeps a group of entries alive; created by ``Backend.grant``.
+
+    ``ttl`` is what the caller asked for. ``server_ttl`` is what etcd is asked to keep the entries
+    for: ``server_ttl(ttl)``, worked out once, by ``grant``. The backend sends it, and the
+    session's deadlines and renewals run on it.
+    """
+
+    expired: bool = False  # set by keep_alive when the server no longer knows the lease
+    keys: set[str] | None = None  # the keys the server says the lease carries (v3, set by keep_alive)
+
+    def __init__(self, ttl: float, server_ttl: int) -> None:
+        self.ttl = ttl
+        self.server_ttl = server_ttl
+
+    @property
+    @abc.abstractmethod
+    def id(self) -> str:
+        """A short printable id, for logs."""
 
 
 # sort_keys: the same document always has the same text, which v2 compares. One encoder for every call:

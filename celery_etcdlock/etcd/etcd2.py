@@ -94,8 +94,8 @@ def _decode_answer(body: bytes, headers: dict[str, str]) -> tuple[dict[str, Any]
 class V2Lease(Lease):
     _ids = itertools.count(1)
 
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
+    def __init__(self, ttl: float, server_ttl: int) -> None:
+        super().__init__(ttl, server_ttl)  # each key's own TTL (v2 has no leases)
         self._id = f"v2-{next(self._ids)}"
 
     @property
@@ -259,7 +259,7 @@ class Etcd2Backend(Backend):
     # -- leases -------------------------------------------------------------
 
     def grant(self, ttl: float) -> Lease:
-        return V2Lease(ttl)
+        return V2Lease(ttl, server_ttl(ttl))
 
     def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
         return self._endpoints.guarded(functools.partial(self._keep_alive, lease, entries, timeout))()
@@ -272,7 +272,7 @@ class Etcd2Backend(Backend):
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # the session's deadline is near: the next attempt, if any, starts afresh
                 raise retry.Transient(self.endpoints[self._endpoints.current], "renewal ran out of time")
-            params = {"ttl": server_ttl(lease.ttl), "refresh": "true", "prevExist": "true", "prevValue": entry.raw}
+            params = {"ttl": lease.server_ttl, "refresh": "true", "prevExist": "true", "prevValue": entry.raw}
             try:
                 body, _ = self._request("PUT", entry.key, params, timeout=remaining)
             except _Failure as exc:
@@ -333,7 +333,7 @@ class Etcd2Backend(Backend):
                 for entry in self.read_queue(queue, fresh=True).entries:
                     if entry.raw == raw:
                         return entry
-            body, _ = self._request("POST", queue, {"value": raw, "ttl": server_ttl(lease.ttl)})
+            body, _ = self._request("POST", queue, {"value": raw, "ttl": lease.server_ttl})
             node = body["node"]
             return Entry(self._relative(node["key"]), int(node["createdIndex"]), raw)
 

@@ -78,17 +78,16 @@ T = TypeVar("T")
 class V3Lease(Lease):
     """One etcd lease."""
 
-    def __init__(self, lease_id: int, ttl: float, granted_ttl: int) -> None:
+    def __init__(self, lease_id: int, ttl: float, server_ttl: int) -> None:
+        super().__init__(ttl, server_ttl)
         self.lease_id = lease_id
-        self.ttl = ttl
-        self.granted_ttl = granted_ttl  # what etcd granted: server_ttl(ttl), or etcd's minimum if higher
 
     @property
     def id(self) -> str:
         return f"{self.lease_id:x}"
 
     def __repr__(self) -> str:
-        return f"<V3Lease {self.id} ttl={self.granted_ttl} expired={self.expired}>"
+        return f"<V3Lease {self.id} ttl={self.server_ttl} expired={self.expired}>"
 
 
 # -- request bodies (keys base64-encoded, as the gateway wants them) ----------------------------
@@ -174,11 +173,12 @@ class Etcd3Backend(Backend):
     # -- leases -------------------------------------------------------------
 
     def grant(self, ttl: float) -> Lease:
+        # etcd may grant more than asked (its minimum TTL); the clocks run on what was asked, the safe side
         wanted = server_ttl(ttl)
 
         def grant() -> Lease:
             answer = self.gateway.post("lease/grant", {"TTL": wanted})
-            return V3Lease(int(answer["ID"]), ttl, int(answer.get("TTL", wanted)))
+            return V3Lease(int(answer["ID"]), ttl, wanted)
 
         return self._retrying(f"grant a {wanted}s lease", grant)
 

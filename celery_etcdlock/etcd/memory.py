@@ -62,17 +62,16 @@ from .base import (
 class MemoryLease(Lease):
     """A lease of a memory namespace."""
 
-    def __init__(self, lease_id: int, ttl: float, granted_ttl: int) -> None:
+    def __init__(self, lease_id: int, ttl: float, server_ttl: int) -> None:
+        super().__init__(ttl, server_ttl)
         self.lease_id = lease_id
-        self.ttl = ttl
-        self.granted_ttl = granted_ttl
 
     @property
     def id(self) -> str:
         return f"{self.lease_id:x}"
 
     def __repr__(self) -> str:
-        return f"<MemoryLease {self.id} ttl={self.granted_ttl} expired={self.expired}>"
+        return f"<MemoryLease {self.id} ttl={self.server_ttl} expired={self.expired}>"
 
 
 @dataclass
@@ -319,13 +318,13 @@ class MemoryBackend(Backend):
     # -- leases -------------------------------------------------------------
 
     def grant(self, ttl: float) -> Lease:
-        granted = server_ttl(ttl)  # what etcd would be asked for: the session's clock runs on it
+        wanted = server_ttl(ttl)  # what etcd would be asked for, and grant: the session's clocks run on it
         with self._locked() as store:
             lease_id = next(store.lease_ids)
-            expires_at = clock.now() + granted
-            store.leases[lease_id] = _LeaseState(granted, expires_at)
+            expires_at = clock.now() + wanted
+            store.leases[lease_id] = _LeaseState(wanted, expires_at)
             store.expires(expires_at)
-        return MemoryLease(lease_id, ttl, granted)
+        return MemoryLease(lease_id, ttl, wanted)
 
     def keep_alive(self, lease: Lease, entries: list[Entry], timeout: float) -> set[str]:
         lease = self._own(lease)

@@ -154,8 +154,9 @@ class QueueLock:
     ``held`` may be read from any thread.
     """
 
-    #: what the lock is, in reports and metrics ("mutex", "read", "write", "election")
-    kind = "lock"
+    #: what kind of lock it is, in reports, signals and metrics: "mutex", "semaphore", "read", "write" or
+    #: "election"; a bare QueueLock is of the kind of its mode
+    kind = ""
 
     def __init__(
         self,
@@ -182,6 +183,7 @@ class QueueLock:
         self.name = name
         self.ttl = check_ttl(ttl)
         self.mode = mode
+        self.kind = self.kind or mode
         self.limit = limit if mode == SLOT else 1
         self.on_lost = on_lost
         self.data = data
@@ -238,11 +240,6 @@ class QueueLock:
         if _holder[0] != pid:
             _holder = (pid, f"{_HOSTNAME}:{pid}")
         return _holder[1]
-
-    @property
-    def primitive(self) -> str:
-        """What the lock is in reports and metrics: "mutex", "semaphore", "read", "write" or "election"."""
-        return self.kind if self.kind != "lock" else self.mode
 
     def acquire(
         self,
@@ -518,7 +515,7 @@ class QueueLock:
             observe.Event(
                 kind,
                 name=self.name,
-                primitive=self.primitive,
+                lock_kind=self.kind,
                 token=token,
                 holder=self.holder,
                 data=dict(self.data or {}),

@@ -46,7 +46,7 @@ from typing import Any
 from .. import clock, green
 from ..errors import BackendError
 from ..etcd import retry
-from ..etcd.base import Backend, Entry, Lease, LeaseExpired, Snapshot, server_ttl
+from ..etcd.base import Backend, Entry, Lease, LeaseExpired, Snapshot
 from ..observe import CLOSED, DELETED, LATE, REVOKED
 
 logger = logging.getLogger(__name__)
@@ -133,9 +133,14 @@ class SessionLease:
         self.joining = 0  # joins in flight: their keys may be on the lease before their skeys exist
         self.dropped = False  # expired or idle: no skey may join it any more
 
-    def restart_clock(self, sent: float, server_ttl: int, margin: float) -> None:
-        self.deadline = sent + server_ttl - margin
-        self.next_renewal = sent + server_ttl / 3
+    @property
+    def server_ttl(self) -> int:
+        """What etcd keeps the entries for, in whole seconds: the clocks run on it."""
+        return self.handle.server_ttl
+
+    def restart_clock(self, sent: float) -> None:
+        self.deadline = sent + self.server_ttl - safety_margin(self.server_ttl)
+        self.next_renewal = sent + self.server_ttl / 3
 
 
 class Session:
@@ -144,8 +149,6 @@ class Session:
     def __init__(self, backend: Backend, ttl: float, retry_max_delay: float) -> None:
         self.backend = backend
         self.ttl = ttl
-        self.server_ttl = server_ttl(ttl)  # what etcd is asked for: the clocks run on it
-        self.margin = safety_margin(self.server_ttl)
         self.retry_max_delay = retry_max_delay
         # Under gevent the renewer is a native thread that renews through a twin of the backend (see green.py)
         self.green = green.check_pool() == green.GEVENT  # UnsupportedPool under eventlet
@@ -231,7 +234,7 @@ class Session:
                     stale = False
                     self._tidy.pop(queue, None)
                     if self.backend.entries_have_own_ttl:  # v2: the entry's own TTL starts now
-                        lease.restart_clock(sent, self.server_ttl, self.margin)
+                        lease.restart_clock(sent)
                         self._leases.append(lease)
                     skey = SessionKey(lease, queue, entry, on_lost, self._hub(on_lost))
                     lease.skeys[entry.key] = skey
@@ -290,7 +293,7 @@ class Session:
                     if lease is not self._shared or now >= lease.deadline:
                         self._drop(lease)  # idle: its keys are gone; an idle shared lease just lapses
                 elif now >= lease.deadline:
-                    lost += self._expire(lease, LATE, f"no renewal succeeded within its {self.server_ttl}s TTL")
+                    lost += self._expire(lease, LATE, f"no renewal succeeded within its {lease.server_ttl}s TTL")
             due = [t for t in self._leases if t.skeys and t.next_renewal <= now]
         _notify(lost)
         for lease in due:
@@ -302,7 +305,7 @@ class Session:
             skeys = list(lease.skeys.values())
             deadline = lease.deadline
         # one renewal period at most: a failing lease comes back soon, after the session's other leases
-        stop_at = min(deadline, clock.now() + self.server_ttl / 3)
+        stop_at = min(deadline, clock.now() + lease.server_ttl / 3)
         handle = lease.handle
         sent = clock.now()
         backend = self.renewing_backend
@@ -313,7 +316,7 @@ class Session:
                 lambda: backend.keep_alive(
                     handle,
                     [skey.entry for skey in skeys],
-                    timeout=max(0.05, min(stop_at - clock.now(), self.server_ttl / 3)),
+                    timeout=max(0.05, min(stop_at - clock.now(), lease.server_ttl / 3)),
                 ),
                 backend.endpoints,
                 operation,
@@ -323,10 +326,10 @@ class Session:
             with self._mutex:
                 late = clock.now() >= lease.deadline
                 if late:
-                    lost = self._expire(lease, LATE, f"no renewal succeeded within its {self.server_ttl}s TTL: {exc}")
+                    lost = self._expire(lease, LATE, f"no renewal succeeded within its {lease.server_ttl}s TTL: {exc}")
                 else:
                     lost = []
-                    lease.next_renewal = clock.now() + min(0.5, self.server_ttl / 10)
+                    lease.next_renewal = clock.now() + min(0.5, lease.server_ttl / 10)
             if not late:  # logged outside the mutex: a log handler may wait (under gevent, on the hub)
                 logger.warning("renewal of lease %s failed (%s); trying again", handle.id, exc)
             _notify(lost)
@@ -338,7 +341,7 @@ class Session:
                 # held already read False meanwhile: a late success must not bring the locks back
                 lost = self._expire(lease, LATE, "its renewal came back after the deadline")
             else:
-                lease.restart_clock(sent, self.server_ttl, self.margin)
+                lease.restart_clock(sent)
                 lost = _lose(
                     [skey for skey in (lease.skeys.pop(key, None) for key in gone) if skey is not None],
                     DELETED,
@@ -455,14 +458,14 @@ class Session:
                     shared is not None
                     and not shared.dropped
                     and not shared.handle.expired
-                    and clock.now() < shared.deadline - self.server_ttl / 3
+                    and clock.now() < shared.deadline - shared.server_ttl / 3
                     and len(shared.skeys) + shared.joining < ENTRIES_PER_LEASE
                 ):
                     shared.joining += 1
                     return shared
             sent = clock.now()
             lease = SessionLease(self.backend.grant(self.ttl))
-            lease.restart_clock(sent, self.server_ttl, self.margin)
+            lease.restart_clock(sent)
             lease.joining = 1
             with self._mutex:
                 self._shared = lease

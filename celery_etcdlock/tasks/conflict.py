@@ -63,7 +63,7 @@ class TaskLock(Fence, Protocol):
     @property
     def lost_reason(self) -> str | None: ...
     @property
-    def primitive(self) -> str: ...
+    def kind(self) -> str: ...
 
     conflict: QueueState | None
 
@@ -133,7 +133,7 @@ class Attempt:
             data = {"task": self.task.name, "task_id": self.task_id, "on_conflict": self.options.on_conflict}
             observe.report(
                 observe.Event(
-                    observe.TASK_CONFLICT, name=self.name, primitive=self.lock.primitive, data=data,
+                    observe.TASK_CONFLICT, name=self.name, lock_kind=self.lock.kind, data=data,
                     holders=tuple(holders),
                 )
             )  # fmt: skip
