@@ -21,6 +21,8 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,6 +56,9 @@ BEATS = ["beat-1", "beat-2"]
 ETCDS = ["etcd-1", "etcd-2", "etcd-3"]
 QUORUM = "etcd-quorum"
 SHOP_SERVICES = WORKERS + BEATS + ["monitor"]
+DJANGO_BEATS = ["django-beat-1", "django-beat-2"]
+DJANGO_SHOP = ["django-migrate", *DJANGO_BEATS, "django-worker"]  # built from examples/djangoshop
+DJANGO_SERVICES = ["postgres", *DJANGO_SHOP]  # the django profile
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +168,9 @@ def test_every_image_is_pinned_to_a_patch_version(services: dict[str, Any]):
     for name, service in services.items():
         if "build" in service:
             continue  # ours; its base image is checked in the Dockerfile
+        if service["image"].startswith("postgres:"):  # PostgreSQL's minor version is its patch release: 16.6
+            assert re.fullmatch(r"postgres:\d+\.\d+-\w+", service["image"]), f"{name}: {service['image']}"
+            continue
         assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", service["image"]), f"{name}: {service['image']}"
 
 
@@ -206,8 +214,8 @@ def test_the_commented_tls_and_auth_url_is_one_the_shop_accepts(tmp_path: Path):
     assert sorted(options.endpoints) == [(m, 2379) for m in ETCDS]
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    text = (REPO / "examples" / "Dockerfile").read_text().replace("\\\n", " ")
+def dockerfile_instructions(path: str = "examples/Dockerfile") -> list[tuple[str, str]]:
+    text = (REPO / path).read_text().replace("\\\n", " ")
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     return [(word.upper(), rest) for word, rest in (line.split(None, 1) for line in lines)]
 
@@ -323,7 +331,8 @@ def docker_compose() -> list[str]:
 @pytest.fixture(scope="module")
 def compose_model() -> dict[str, Any]:
     """``docker compose config``: the file validated against the compose spec and normalized."""
-    argv = [*docker_compose(), "--file", str(COMPOSE), "--profile", "monitor", "config", "--format", "json"]
+    argv = [*docker_compose(), "--file", str(COMPOSE), "--profile", "monitor", "--profile", "django", "config"]
+    argv += ["--format", "json"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}  # no project name, file, profile
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert done.returncode == 0, f"{shlex.join(argv)} exited with {done.returncode}:\n{done.stderr}"
@@ -337,11 +346,211 @@ def test_docker_compose_reads_the_services_these_tests_read(compose_model: dict[
     for name, service in services.items():
         model = compose_model["services"][name]
         assert model.get("image") == service.get("image"), name
-        assert model["command"] == command_of(service), name
+        assert model.get("command") == (command_of(service) if "command" in service else None), name
+        assert model.get("profiles") == service.get("profiles"), name
         assert model.get("environment") == service.get("environment"), name
         assert model.get("stop_grace_period") == service.get("stop_grace_period"), name
         conditions = {needed: spec["condition"] for needed, spec in model.get("depends_on", {}).items()}
         assert conditions == {needed: spec["condition"] for needed, spec in service.get("depends_on", {}).items()}, name
+
+
+# -- the django profile (examples/djangoshop) ---------------------------------------------------------
+
+
+def test_a_plain_up_starts_no_service_of_the_django_profile(services: dict[str, Any]):
+    argv = [*docker_compose(), "--file", str(COMPOSE), "config", "--services"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    started = set(done.stdout.split())
+    assert started == {name for name, service in services.items() if not service.get("profiles")}
+    assert not started & set(DJANGO_SERVICES)
+    for name in DJANGO_SERVICES:
+        assert services[name]["profiles"] == ["django"], name
+
+
+def test_the_django_services_run_the_example_on_its_database_after_its_migration(services: dict[str, Any]):
+    for name in DJANGO_SHOP:
+        service = services[name]
+        assert service["build"] == {"context": ".", "dockerfile": "examples/djangoshop/Dockerfile"}, name
+        env = service["environment"]
+        assert env["DJANGO_SETTINGS_MODULE"] == "examples.djangoshop.settings", name
+        assert env["PGHOST"] == "postgres" and "PGPASSWORD" not in env, name  # never a password in the file
+        assert sorted(parse_url(env["ETCDLOCK_URL"]).endpoints) == [(m, 2379) for m in ETCDS], name
+        assert env["SHOP_BROKER_URL"].startswith("redis://redis:6379/"), name
+        # the shop's workers must not get tasks they do not know
+        assert env["SHOP_BROKER_URL"] != services["worker-1"]["environment"]["SHOP_BROKER_URL"], name
+    database = services["postgres"]["environment"]
+    assert (database["POSTGRES_DB"], database["POSTGRES_USER"]) == (env["PGDATABASE"], env["PGUSER"])
+    assert services["postgres"]["healthcheck"], "django-migrate waits for it to be healthy"
+    assert services["django-migrate"]["restart"] == "no"
+    assert services["django-migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for name in [*DJANGO_BEATS, "django-worker"]:
+        assert services[name]["depends_on"] == {
+            "redis": {"condition": "service_healthy"},
+            QUORUM: {"condition": "service_completed_successfully"},
+            "django-migrate": {"condition": "service_completed_successfully"},
+        }, name
+    for name in DJANGO_BEATS:
+        assert seconds(services[name]["stop_grace_period"]) >= DEFAULT_TIMEOUT, name
+
+
+def test_the_django_dockerfile_installs_the_django_extra_and_a_pinned_driver_and_copies_files_that_exist():
+    instructions = dockerfile_instructions("examples/djangoshop/Dockerfile")
+    copies = [rest.split() for word, rest in instructions if word == "COPY"]
+    for *sources, _destination in copies:
+        assert [p for source in sources for p in glob.glob(str(REPO / source))], f"COPY {sources}: no such file"
+    assert {source.rstrip("*") for *sources, _ in copies for source in sources} >= {"celery_etcdlock", "examples"}
+    installs = [shlex.split(rest) for word, rest in instructions if word == "RUN" and "pip install" in rest]
+    assert [argv[argv.index("install") + 1 :] for argv in installs] == [
+        [".[redis,metrics,django]", "psycopg[binary]==3.3.9"]
+    ]
+    (base,) = [rest for word, rest in instructions if word == "FROM"]
+    assert [base] == [rest for word, rest in dockerfile_instructions() if word == "FROM"]  # the shop's Python
+
+
+# Celery's own command line, in a child process: the example sets Django up, which must not
+# leak into this process (tests/test_beat_django.py configures Django settings of its own).
+PARSE_DJANGO_COMMAND = """
+import json, sys
+from celery.app.utils import find_app
+from celery.bin.base import CLIContext
+from celery.bin.celery import celery as group
+from celery.utils.imports import symbol_by_name
+
+ctx = group.make_context("celery", sys.argv[1:])
+app = find_app(ctx.params["app"])
+ctx.obj = CLIContext(app=app, no_color=True, workdir=None, quiet=True)
+rest = [*(getattr(ctx, "_protected_args", None) or ctx.protected_args), *ctx.args]
+name, command, sub_args = group.resolve_command(ctx, rest)
+sub = command.make_context(name, sub_args, parent=ctx)
+assert not sub.args, f"arguments celery would not take: {sub.args}"
+app.loader.import_default_modules()  # Celery's Django fix-up sets Django up; the tasks are discovered
+found = {"command": name, "main": app.main, "tasks": sorted(app.tasks)}
+keys = ("broker_url", "etcdlock_url", "etcdlock_beat_ttl", "etcdlock_beat_name")
+found["conf"] = {key: app.conf[key] for key in keys}
+if name == "beat":
+    from celery_etcdlock.beat import LeaderMixin
+    from django_celery_beat.schedulers import DatabaseScheduler
+    scheduler = symbol_by_name(sub.params["scheduler"])
+    found["leader_only_database"] = issubclass(scheduler, LeaderMixin) and issubclass(scheduler, DatabaseScheduler)
+if name == "worker":
+    found["pool"] = sub.params["pool"].__module__
+from django.core.management import get_commands
+found["management_commands"] = get_commands()
+print(json.dumps(found))
+"""
+
+
+def parse_django_celery(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    assert argv[0] == "celery", argv
+    clean = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_DJANGO_COMMAND, *argv[1:]], cwd=REPO, capture_output=True, text=True,
+        env={**clean, **env, "PYTHONPATH": str(REPO)}, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{shlex.join(argv)}:\n{done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", [*DJANGO_BEATS, "django-worker"])
+def test_every_django_celery_command_is_one_celery_takes(services: dict[str, Any], name: str):
+    pytest.importorskip("django_celery_beat", reason="the django extra is not installed")
+    service = services[name]
+    env = service["environment"]
+    found = parse_django_celery(command_of(service), env)
+    assert found["main"] == "djangoshop" and "djangoshop.heartbeat" in found["tasks"]
+    assert found["conf"]["etcdlock_url"] == env["ETCDLOCK_URL"]
+    assert found["conf"]["broker_url"] == env["SHOP_BROKER_URL"]
+    assert found["conf"]["etcdlock_beat_ttl"] == float(env["ETCDLOCK_BEAT_TTL"])
+    # beside the shop's beats, on one etcd: another name, so another election
+    shop_name = importlib.import_module("examples.shop.celeryconfig").__dict__.get("etcdlock_beat_name")
+    assert found["conf"]["etcdlock_beat_name"] not in (None, shop_name)
+    if name in DJANGO_BEATS:
+        assert found["command"] == "beat" and found["leader_only_database"]
+    else:
+        assert found["command"] == "worker" and found["pool"] == "celery.concurrency.prefork"
+    assert found["management_commands"].get("shop_migrate") == "examples.djangoshop"  # django-migrate's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", ["v3"])
+def test_the_django_profile_as_processes_migrates_and_one_of_its_two_beats_sends(
+    api: str, services: dict[str, Any], etcd_url: str, redis_url: str, tmp_path: Path
+):
+    """postgres, django-migrate, both django beats and the worker, each command as written; then a fail-over."""
+    pytest.importorskip("django_celery_beat", reason="the django extra is not installed")
+    from tests.support import wait_until
+    from tests.support.postgres_server import PostgresServer
+    from tests.test_beat import url_prefix
+
+    server = PostgresServer()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {name: tmp_path / f"{name}.log" for name in [*DJANGO_BEATS, "django-worker"]}
+
+    def log(name: str) -> str:
+        return logs[name].read_text(errors="replace")
+
+    def sends(name: str) -> int:
+        return log(name).count("Sending due task heartbeat (djangoshop.heartbeat)")
+
+    try:
+        server.start()
+        server.create_database(services["django-migrate"]["environment"]["PGDATABASE"])
+        clean = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+
+        def env_of(name: str) -> dict[str, str]:
+            return {
+                **clean, **services[name]["environment"], "PYTHONPATH": str(REPO),
+                "PGHOST": "127.0.0.1", "PGPORT": str(server.port), "PGUSER": "postgres",  # the test server's
+                "ETCDLOCK_URL": etcd_url, "ETCDLOCK_PREFIX": url_prefix(etcd_url), "SHOP_BROKER_URL": redis_url,
+            }  # fmt: skip
+
+        def local(argv: list[str]) -> list[str]:
+            program = {"python": sys.executable, "celery": str(Path(sys.executable).with_name("celery"))}
+            return [program[argv[0]], *argv[1:]]
+
+        migrate = subprocess.run(
+            local(command_of(services["django-migrate"])), cwd=REPO, env=env_of("django-migrate"),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+        assert "PeriodicTask 'heartbeat'" in migrate.stdout, migrate.stdout
+        for name in [*DJANGO_BEATS, "django-worker"]:
+            with open(logs[name], "wb") as out:
+                procs[name] = subprocess.Popen(
+                    local(command_of(services[name])), cwd=REPO, env=env_of(name),
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                )  # fmt: skip
+        wait_until(lambda: sum(sends(n) for n in DJANGO_BEATS) >= 2, 60, "2 sends of the heartbeat")
+        leader = next(n for n in DJANGO_BEATS if sends(n))
+        (follower,) = [n for n in DJANGO_BEATS if n != leader]
+        assert sends(follower) == 0, log(follower)
+        sender = f"{socket.gethostname()}:{procs[leader].pid}"
+        wait_until(lambda: f"sent by beat {sender}" in log("django-worker"), 30, "the worker to run a heartbeat")
+        assert sends(follower) == 0 and procs[follower].poll() is None, log(follower)
+        # `docker compose kill django-beat-1`, as the header says: the other takes over, no run sent twice
+        procs[leader].send_signal(signal.SIGKILL)
+        procs[leader].wait(10)
+        successor = f"{socket.gethostname()}:{procs[follower].pid}"
+        wait_until(lambda: f"sent by beat {successor}" in log("django-worker"), 60, "the other beat's first run")
+        runs = re.findall(r"heartbeat: run (\d+) of heartbeat, sent by beat (\S+)", log("django-worker"))
+        assert {by for _run, by in runs} == {sender, successor}, runs
+        assert len({run for run, _by in runs}) == len(runs), f"a run sent twice: {runs}"
+        assert "Traceback" not in log(leader) + log(follower), log(leader) + log(follower)
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        server.close()
+        for name in logs:
+            if logs[name].exists():
+                print(f"==== {name}\n{log(name)[-3000:]}")  # shown by pytest when the test failed
 
 
 # -- the quorum check against a real etcd cluster -----------------------------------------------------
