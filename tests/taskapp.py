@@ -209,7 +209,7 @@ def base_task(self: SingletonTask, tag: str, seconds: float = 1.0) -> float:
 @singleton_task(app=app, bind=True, key=["tag"])
 def process_info(self: SingletonTask, tag: str, seconds: float = 0.5) -> dict[str, Any]:
     """What the process running this task uses: its pid, client and lock holder."""
-    from celery_etcdlock import client as client_module
+    from celery_etcdlock.locks import client as client_module
     from celery_etcdlock.settings import client_for
 
     assert self.lock is not None

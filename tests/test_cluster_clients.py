@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from celery_etcdlock import Mutex, connect, retry
+from celery_etcdlock import Mutex, connect
 from celery_etcdlock.errors import BackendError
+from celery_etcdlock.etcd import retry
 from celery_etcdlock.etcd.base import server_ttl
 from celery_etcdlock.tasks.dedupe import EnqueueMarkers
 from tests.support import EtcdCluster, partition_unsupported, wait_until

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from celery_etcdlock import Mutex, connect, retry
+from celery_etcdlock import Mutex, connect
+from celery_etcdlock.etcd import retry
 from celery_etcdlock.etcd.base import Entry, Lease, LeaseExpired, WaitResult
 from celery_etcdlock.etcd.etcd3 import Etcd3Backend, V3Lease
 from celery_etcdlock.keys import LOCKS, encode_name

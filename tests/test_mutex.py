@@ -309,7 +309,9 @@ def test_deadlines_run_on_a_clock_that_counts_suspended_time(client):
     """etcd's clock runs on while a host or VM is suspended; the holder's deadline must too (CLOCK_BOOTTIME)."""
     import sys
 
-    from celery_etcdlock import clock, retry, session
+    from celery_etcdlock import clock
+    from celery_etcdlock.etcd import retry
+    from celery_etcdlock.locks import session
 
     if sys.platform.startswith("linux"):
         assert clock.SUSPEND_AWARE

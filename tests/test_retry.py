@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from celery_etcdlock import BackendUnavailable, retry
+from celery_etcdlock import BackendUnavailable
+from celery_etcdlock.etcd import retry
 
 ENDPOINTS = ("http://127.0.0.1:1",)
 
