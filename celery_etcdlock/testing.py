@@ -95,6 +95,7 @@ from urllib import request as urlrequest
 
 import pytest
 
+from . import _children
 from .locks.client import Client
 from .locks.connect import connect
 
@@ -241,7 +242,8 @@ class LocalEtcd:
         with open(self.log_path, "ab") as log:
             log.write(f"--- {' '.join(command)}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(
+            # _children.popen: the server dies with the test run, even one killed by SIGKILL (CI's timeout)
+            self.process = _children.popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
 

@@ -15,7 +15,8 @@
 The child is ``sys.executable -u`` with the repo root on PYTHONPATH, stdout and stderr
 merged into ``lines``. ``expect()`` waits on a condition variable until a line matches or the
 deadline passes (then it fails showing everything the child printed): never a sleep.
-Leaving the ``with`` block (or the ``spawn`` fixture's teardown) always kills and reaps.
+Leaving the ``with`` block (or the ``spawn`` fixture's teardown) always kills and reaps, and a
+test run killed outright takes its children with it (``celery_etcdlock._children``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from celery_etcdlock import _children
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT = 30.0  # generous: a loaded 2-core machine starts Python + celery slowly
@@ -61,7 +64,7 @@ class Proc:
         self._cursor = 0  # expect() searches lines from here on
         self._cond = threading.Condition()
         self._eof = False
-        self.popen = subprocess.Popen(
+        self.popen = _children.popen(  # dies with the test run, even a SIGKILLed one
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -35,7 +35,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_etcdlock import Election, connect
+from celery_etcdlock import Election, _children, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
 from celery_etcdlock.cli import list_elections
 from celery_etcdlock.locks.store import DocumentStore
@@ -369,7 +369,7 @@ class Beats:
     def _spawn(self, role: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.tmp / f"{role}-{len(self.logs) + len(self.others)}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(
+            proc = _children.popen(
                 [CELERY, "-A", "tests.beatapp", *args],
                 cwd=ROOT,
                 env=self.env,
@@ -623,7 +623,7 @@ def test_crontab_run_due_during_failover_is_sent_exactly_once(etcd_url, redis_ur
 def _plain_beat(tmp_path: Path, env: dict[str, str], app: str, scheduler: str) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp_path / f"beat-{unique()}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
+        proc = _children.popen(
             [CELERY, "-A", app, "beat", "-S", scheduler, "-l", "info", "-s", str(tmp_path / f"schedule-{unique()}")],
             cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip

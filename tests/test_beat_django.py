@@ -29,7 +29,7 @@ import pytest
 import redis
 from celery.beat import PersistentScheduler, Scheduler
 
-from celery_etcdlock import connect
+from celery_etcdlock import _children, connect
 from celery_etcdlock.beat import STATE_KIND, LeaderMixin, LeaderScheduler, leader_only
 from celery_etcdlock.locks.store import DocumentStore
 from tests.djangoproj.settings import database
@@ -154,7 +154,7 @@ class DjangoBeats:
         app_name = f"{role}-{len(self.procs)}-{unique()[:4]}"
         log = self.tmp / f"{app_name}.log"
         with open(log, "wb") as out:
-            self.procs[app_name] = subprocess.Popen(
+            self.procs[app_name] = _children.popen(
                 [CELERY, "-A", "tests.djangoproj", *args],
                 cwd=ROOT, env={**self.env, "DJANGOPROJ_APP_NAME": app_name, **env},
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

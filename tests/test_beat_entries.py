@@ -20,7 +20,7 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
-from celery_etcdlock import connect
+from celery_etcdlock import _children, connect
 from celery_etcdlock.beat import LeaderSchedulerEntry
 from celery_etcdlock.beat.entries import MAX_ENTRY_BYTES, entry_key
 
@@ -169,7 +169,7 @@ while True:
     if i == 5:
         print("saving", flush=True)
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT)
+    proc = _children.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"saving"
         proc.send_signal(signal.SIGKILL)

@@ -39,6 +39,7 @@ from celery.bin.celery import celery as celery_group
 from celery.concurrency import get_implementation
 from celery.utils.imports import symbol_by_name
 
+from celery_etcdlock import _children
 from celery_etcdlock.beat import LeaderScheduler
 from celery_etcdlock.locks.connect import parse_url
 from celery_etcdlock.options import DEFAULT_TIMEOUT
@@ -579,7 +580,7 @@ class LocalEtcdCluster:
             f"--initial-cluster={cluster}", "--initial-cluster-token=quorum-test", "--initial-cluster-state=new",
         ]  # fmt: skip
         with open(self.directory / f"{name}.log", "wb") as log:
-            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+            self.procs.append(_children.popen(argv, stdout=log, stderr=subprocess.STDOUT))
 
     def close(self) -> None:
         for proc in self.procs:
@@ -641,7 +642,7 @@ def test_the_quorum_check_passes_with_two_of_three_members_and_not_with_one(
     assert "deadline exceeded" in alone.stderr, alone.stderr
 
     # The check as written, started before a second member: it passes once two of three run.
-    waiting = subprocess.Popen(check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    waiting = _children.popen(check, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         etcd_cluster.start("etcd-2")
         output, _ = waiting.communicate(timeout=90)

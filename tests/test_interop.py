@@ -20,7 +20,7 @@ from typing import IO
 
 import pytest
 
-from celery_etcdlock import Election, Mutex, connect
+from celery_etcdlock import Election, Mutex, _children, connect
 from celery_etcdlock.cli import find_lock, list_elections
 from celery_etcdlock.keys import ELECTIONS, LOCKS, encode_name, queue_key
 from celery_etcdlock.locks.client import Client
@@ -93,7 +93,7 @@ def test_our_mutex_etcdctl_lock_and_a_go_mutex_take_turns_in_fifo_order(
 
     def start(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
         env = {**os.environ, "ETCDCTL_API": "3"}
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        proc = _children.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         procs.append(proc)
         assert proc.stdout is not None
         return proc, Lines(proc.stdout)
@@ -153,7 +153,7 @@ def test_our_election_etcdctl_elect_and_a_go_election_never_lead_at_once(
     env = {**os.environ, "ETCDCTL_API": "3"}
 
     def start(argv: list[str]) -> tuple[subprocess.Popen[str], Lines]:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        proc = _children.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         procs.append(proc)
         assert proc.stdout is not None
         return proc, Lines(proc.stdout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import threading
 import time
 from urllib import request as urlrequest
@@ -490,3 +491,55 @@ def test_proc_sees_the_repo_and_the_env(spawn) -> None:
     )
     proc.expect(r"^ok y \d")
     proc.expect_exit(0)
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie no one reaped yet counts: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal (prctl) is Linux only")
+def test_servers_and_procs_die_with_a_sigkilled_test_run() -> None:
+    """CI's timeout SIGKILLs pytest: no atexit, no teardown. Its servers and children must go with it.
+
+    The etcd is started from a thread that has ended by the time the parent is killed: Linux
+    sends the death signal when the forking *thread* ends, so it must still be up until then.
+    As root, a child that runs as another user (PostgreSQL's way) too: a change of credentials
+    clears the death signal.
+    """
+    with Proc.start(
+        """
+        import json, os, pwd, sys, threading
+        from celery_etcdlock import _children
+        from celery_etcdlock.testing import LocalEtcd, find_etcd
+        from tests.procs import Proc
+        from tests.support import EtcdServer
+
+        started = []
+        starter = threading.Thread(target=lambda: started.append(EtcdServer("3.5", enable_v2=False).start()))
+        starter.start()
+        starter.join()
+        plugin = LocalEtcd(find_etcd()).start()  # the pytest plugin's etcd_server
+        child = Proc.start("import sys; print('up'); sys.stdin.readline()")
+        child.expect("up")
+        pids = [started[0].pid, plugin.process.pid, child.pid]
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            pids.append(_children.popen(["sleep", "600"], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[]).pid)
+        print("started", json.dumps({"pids": pids, "endpoints": [started[0].endpoint, plugin.endpoint]}))
+        sys.stdin.readline()
+        """,
+        name="test run",
+    ) as parent:
+        started = json.loads(parent.expect(r"started (.*)", timeout=120).group(1))
+        for endpoint in started["endpoints"]:  # alive and answering, thread or no thread
+            with urlrequest.urlopen(f"http://{endpoint}/health", timeout=10) as answer:
+                assert json.loads(answer.read())["health"] == "true"
+        pids = started["pids"]
+        assert not any(_gone(pid) for pid in pids)
+        parent.kill()
+        wait_until(lambda: all(_gone(pid) for pid in pids), 30, f"the children {pids} to die with their parent")

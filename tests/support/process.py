@@ -15,7 +15,8 @@ does the rest, the same way for etcd and Redis:
 
 mirakuru starts the process in a session of its own, polls ``ready()`` until a deadline and
 notices an early exit. At exit, ours kills every server still running and removes the temp
-dirs (etcd preallocates 64 MB of WAL in each).
+dirs (etcd preallocates 64 MB of WAL in each). A test run killed outright (no atexit) takes its
+servers with it: they are started by ``celery_etcdlock._children.popen``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 import mirakuru
 from mirakuru.exceptions import AlreadyRunning, ProcessExitedWithError, ProcessFinishedWithError, TimeoutExpired
 
+from celery_etcdlock import _children
 from tests.support.ports import HOST
 from tests.support.wait import wait_until
 
@@ -99,6 +101,25 @@ class _Executor(mirakuru.Executor):
             popen_kwargs=server.popen_kwargs(),
         )
         self._server = weakref.proxy(server)
+
+    @property
+    def _popen_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(super()._popen_kwargs)
+        # mirakuru's preexec_fn=os.setsid runs Python between fork and exec; the same, done by Popen itself:
+        if kwargs.pop("preexec_fn", None) is os.setsid:
+            kwargs["start_new_session"] = True
+        return kwargs
+
+    def start(self) -> _Executor:
+        # mirakuru's Executor.start, except that the process is started by _children.popen: it dies
+        # with the test run even when that is SIGKILLed (no atexit hook runs then, ours or mirakuru's).
+        if self.pre_start_check():
+            raise AlreadyRunning(self)
+        if self.process is None:
+            self.process = _children.popen(self.command_parts, **self._popen_kwargs)
+        self._set_timeout()
+        self.wait_for(self.check_subprocess)
+        return self
 
     def pre_start_check(self) -> bool:
         # True makes mirakuru refuse to start: something else already listens on our ports.
