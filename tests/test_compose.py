@@ -519,7 +519,7 @@ def test_the_django_profile_as_processes_migrates_and_one_of_its_two_beats_sends
         assert "PeriodicTask 'heartbeat'" in migrate.stdout, migrate.stdout
         for name in [*DJANGO_BEATS, "django-worker"]:
             with open(logs[name], "wb") as out:
-                procs[name] = subprocess.Popen(
+                procs[name] = _children.popen(
                     local(command_of(services[name])), cwd=REPO, env=env_of(name),
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 )  # fmt: skip
