@@ -3,9 +3,11 @@
     python -m bench.bench_locks                      # the full run (about 6 minutes on 2 cores)
     python -m bench.bench_locks --quick              # a smoke run (about a minute)
     python -m bench.bench_locks --apis v3 --only contention --json out.json
+    python -m bench.bench_locks --also-v3 3.6,3.7 --only uncontended,contention --rounds 1   # every etcd
 
 It starts its own servers (etcd 3.4 with --enable-v2 for the etcd:// workloads,
-etcd 3.5 without v2 for the etcd3:// ones, redis-server for the Redis peers), all
+etcd 3.5 without v2 for the etcd3:// ones, with ``--also-v3`` an etcd 3.6 and 3.7 for
+uncontended and contention on their v3 too, redis-server for the Redis peers), all
 on free loopback ports with temp data dirs, runs every workload in one run with
 the measurements of ours, the floors and the peers interleaved, and prints
 Markdown tables (ratios first, raw numbers after) and the targets met or missed.
@@ -57,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     workloads = list(WORKLOADS)
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(workloads)}")
     parser.add_argument("--json", metavar="PATH", help="also write every raw number to this JSON file")
+    parser.add_argument(
+        "--also-v3",
+        default="",
+        metavar="LINES",
+        help="etcd release lines (3.6, 3.7) whose v3 API the uncontended and contention workloads run on too, "
+        "beside 3.5 and 3.4 (built by scripts/etcd-build)",
+    )
+    parser.add_argument("--rounds", type=int, help="contention rounds per cell (default 3; 1 with --quick)")
     args = parser.parse_args(argv)
     apis = [a.strip() for a in args.apis.split(",") if a.strip()]
     if not apis or any(a not in ("v2", "v3") for a in apis):
@@ -65,13 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in only if w not in workloads]
     if unknown:
         parser.error(f"--only: unknown workload(s) {', '.join(unknown)}; choose from {', '.join(workloads)}")
-    settings = Settings.make(args.quick, apis, only)
+    also_v3 = [line.strip() for line in args.also_v3.split(",") if line.strip()]
+    if any(line not in ("3.6", "3.7") for line in also_v3) or "v3" not in apis and also_v3:
+        parser.error(f"--also-v3 takes 3.6, 3.7 or 3.6,3.7 with --apis including v3, not {args.also_v3!r}")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    settings = Settings.make(args.quick, apis, only, also_v3, args.rounds)
 
     began = time.monotonic()
     preload = [module.__name__ for module in WORKLOADS.values()] + LIBRARIES
     pool = Pool(preload=preload, shared=["inside", "readers", "writers"])
     try:
-        with Servers(etcd_v2="v2" in apis, etcd_v3="v3" in apis, redis=True) as servers:
+        with Servers(etcd_v2="v2" in apis, etcd_v3="v3" in apis, redis=True, also_v3=also_v3) as servers:
             print(f"servers up: {servers.ports()}", flush=True)
             harness = Harness(settings, servers, pool)
             pool.grow(settings.processes_needed())

@@ -191,27 +191,36 @@ class BenchRedis:
 class Servers(contextlib.AbstractContextManager["Servers"]):
     """etcd 3.4 with --enable-v2 (v2 workloads), etcd 3.5 without v2 (v3 workloads), redis-server.
 
+    ``also_v3``: more release lines ("3.6", "3.7") whose v3 API runs beside 3.5's, one etcd each
+    without v2 (``also["3.6"]``; their builds are tests/support's: scripts/etcd-build).
     ``workdir``: a temp dir for the benchmarks' own files (worker logs), removed by ``close()``.
     """
 
-    def __init__(self, etcd_v2: bool = True, etcd_v3: bool = True, redis: bool = True) -> None:
+    def __init__(
+        self, etcd_v2: bool = True, etcd_v3: bool = True, redis: bool = True, also_v3: Sequence[str] = ()
+    ) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="etcdlock-bench-"))
         self.v2: BenchEtcd | None = None
         self.v3: BenchEtcd | None = None
         self.redis: BenchRedis | None = None
+        self.also: dict[str, BenchEtcd] = {}
         try:
             self.v2 = BenchEtcd("3.4", "v2") if etcd_v2 else None
             self.v3 = BenchEtcd("3.5", "v3") if etcd_v3 else None
+            for line in also_v3:
+                self.also[line] = BenchEtcd(line, "v3", EtcdServer(line, enable_v2=False, name=f"etcdlock-bench{line}"))
             self.redis = BenchRedis() if redis else None
         except BaseException:
             self.close()
             raise
 
+    def _all(self) -> list[BenchEtcd | BenchRedis]:
+        return [s for s in (self.v2, self.v3, *self.also.values(), self.redis) if s is not None]
+
     def __enter__(self) -> Servers:
         try:
-            for server in (self.v2, self.v3, self.redis):
-                if server is not None:
-                    server.start()
+            for server in self._all():
+                server.start()
         except BaseException:
             self.close()
             raise
@@ -221,14 +230,24 @@ class Servers(contextlib.AbstractContextManager["Servers"]):
         self.close()
 
     def ports(self) -> dict[str, int]:
-        """Where each API is served; "v3-3.4" is the v3 API of etcd 3.4 (the v2 server serves both)."""
-        servers = (("v2", self.v2), ("v3", self.v3), ("v3-3.4", self.v2), ("redis", self.redis))
+        """Where each API is served; "v3-3.4" is the v3 API of etcd 3.4 (the v2 server serves both),
+        "v3-3.6" that of ``also_v3``'s 3.6."""
+        servers = [("v2", self.v2), ("v3", self.v3), ("v3-3.4", self.v2), ("redis", self.redis)]
+        servers += [(f"v3-{line}", server) for line, server in self.also.items()]
         return {name: s.port for name, s in servers if s}
 
+    def etcd(self, api: str) -> BenchEtcd:
+        """The server of ``api`` ("v2", "v3", "v3-3.4", "v3-3.6"...), measured for that API."""
+        if api.startswith("v3-") and api[3:] in self.also:
+            return self.also[api[3:]]
+        etcd = self.v3 if api == "v3" else self.v2
+        if etcd is None:
+            raise ServerError(f"no etcd for {api} in this run")
+        return etcd.as_api("v3") if api == "v3-3.4" else etcd
+
     def close(self) -> None:
-        for server in (self.v2, self.v3, self.redis):
-            if server is not None:
-                server.close()
+        for server in self._all():
+            server.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

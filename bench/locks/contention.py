@@ -2,7 +2,8 @@
 
 For N = 2, 8, 32 spawned processes, each lock for ``contention_seconds``,
 ``contention_rounds`` times (the order of the locks alternates per round),
-ttl 10. Before each run on etcd 3.5 every lease left on the server is revoked
+ttl 10; on every v3 server of the run (3.5, 3.4's v3, ``--also-v3``). Before each run on a v3
+server every lease left on it is revoked
 (tooz grants a lease per failed attempt and leaves it to expire; that expiry
 would bill revoke proposals and load to whatever runs next). Per lock and N:
 
@@ -25,14 +26,18 @@ from typing import Any
 from bench import common
 from bench.common import markdown_table, ratio
 from bench.locks.harness import Harness, merge_runs, read_counter, timed_phases, write_counter
-from bench.locks.kinds import KINDS, LABELS, Impl, make_impl, warm_up
+from bench.locks.kinds import KINDS, LABELS, OTHER_V3_LINES, Impl, make_impl, warm_up
 
-PEER_OF = {"ours-v2": "etcd.Lock", "ours-v3": "tooz-etcd3gw", "ours-v3-3.4": "tooz-etcd3gw-3.4"}
+PEER_OF = {
+    "ours-v2": "etcd.Lock",
+    "ours-v3": "tooz-etcd3gw",
+    **{f"ours-v3-{line}": f"tooz-etcd3gw-{line}" for line in OTHER_V3_LINES},
+}
 
 COUNTERS = {
     "v2": "etcd 3.4 v2: `etcd_server_proposals_committed_total`, requests = `etcd_http_received_total`",
-    "v3": "etcd 3.5 v3: `etcd_server_proposals_committed_total`, requests = `grpc_server_msg_received_total` "
-    "(the JSON gateway forwards each HTTP call as one gRPC message)",
+    "v3": "etcd 3.5 v3 (and 3.4's, 3.6's, 3.7's): `etcd_server_proposals_committed_total`, requests = "
+    "`grpc_server_msg_received_total` (the JSON gateway forwards each HTTP call as one gRPC message)",
     "redis": "redis: requests = `total_commands_processed` from INFO",
 }
 
@@ -73,7 +78,7 @@ def task_contend(kind: str, ports: dict[str, int], name: str, counter: str, ttl:
 
 def run(h: Harness) -> None:
     s = h.settings
-    kinds = h.kinds(floors=False, on_34=True)
+    kinds = h.kinds(floors=False, other_v3=True)
     runs: dict[str, dict[int, list[dict]]] = {k: {n: [] for n in s.contention_procs} for k in kinds}
     for round_no in range(s.contention_rounds):
         order = kinds if round_no % 2 == 0 else list(reversed(kinds))

@@ -32,6 +32,7 @@ class Settings:
     quick: bool
     apis: list[str]
     only: list[str]
+    also_v3: list[str] = field(default_factory=list)  # release lines whose v3 runs beside 3.5's
     uncontended_iterations: int = 300
     uncontended_warmup: int = 20
     contention_procs: list[int] = field(default_factory=lambda: [2, 8, 32])
@@ -55,16 +56,23 @@ class Settings:
     hold_window: float = 10.0
 
     @classmethod
-    def make(cls, quick: bool, apis: list[str], only: list[str]) -> Settings:
+    def make(
+        cls, quick: bool, apis: list[str], only: list[str], also_v3: list[str] | None = None, rounds: int | None = None
+    ) -> Settings:
+        """``rounds``: contention rounds instead of 3 (1 in a quick run)."""
+        more: dict[str, Any] = {"also_v3": also_v3 or []}
+        if rounds is not None:
+            more["contention_rounds"] = rounds
         if not quick:
-            return cls(quick, apis, only)
+            return cls(quick, apis, only, **more)
         return cls(
             quick, apis, only,
             uncontended_iterations=50, uncontended_warmup=5,
-            contention_procs=[2, 8], contention_seconds=1.0, contention_rounds=1,
+            contention_procs=[2, 8], contention_seconds=1.0,
             killed_trials=1, resign_trials=2, kill_trials=1,
             rw_cells=[(0.020, [8])], rw_seconds=1.0, semaphore_seconds=1.0,
             hold_count=100, hold_window=2.0,
+            **{"contention_rounds": 1, **more},
         )  # fmt: skip
 
     def processes_needed(self) -> int:
@@ -94,14 +102,15 @@ class Harness:
         self.results["notes"].append(text)
         print(f"  note: {text}", flush=True)
 
-    def kinds(self, floors: bool = True, on_34: bool = False) -> list[str]:
-        """The kinds to run; ``on_34`` adds the v3 ones on etcd 3.4 too (which needs the v2 server up)."""
+    def kinds(self, floors: bool = True, other_v3: bool = False) -> list[str]:
+        """The kinds to run; ``other_v3`` adds the v3 ones on the other release lines whose server is
+        up (3.4's with the v2 server, 3.6's and 3.7's with ``--also-v3``)."""
         wanted = []
         for key, kind in KINDS.items():
             api = kind.server.split("-")[0]
             if kind.floor and not floors:
                 continue
-            if kind.server == "v3-3.4" and (not on_34 or "v2" not in self.settings.apis):
+            if kind.server.startswith("v3-") and (not other_v3 or kind.server not in self.ports):
                 continue
             if api in ("v2", "v3") and api not in self.settings.apis:
                 continue
@@ -114,10 +123,9 @@ class Harness:
         return [api for api in self.settings.apis if not self.unavailable[api]]
 
     def etcd(self, api: str) -> Any:
-        """The server of ``api``: "v2" and "v3-3.4" are etcd 3.4's (measured as v2 and v3), "v3" etcd 3.5's."""
-        etcd = self.servers.v3 if api == "v3" else self.servers.v2
-        assert etcd is not None
-        return etcd.as_api("v3") if api == "v3-3.4" else etcd
+        """The server of ``api``: "v2" and "v3-3.4" are etcd 3.4's (measured as v2 and v3), "v3" etcd 3.5's,
+        "v3-3.6" and "v3-3.7" those of ``--also-v3``."""
+        return self.servers.etcd(api)
 
     def snapshot(self, server: str) -> Any:
         """The server's counters now: a Metrics scrape (etcd) or the commands processed (Redis)."""

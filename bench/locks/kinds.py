@@ -6,7 +6,9 @@
     impl.close()
 
 Every kind runs on one server (``LockKind.server``): etcd 3.4 with v2 ("v2"),
-etcd 3.5 ("v3") or Redis ("redis"), and that server's counters measure it. A
+etcd 3.5 ("v3"), the v3 API of another release line ("v3-3.4", served by the v2
+server; "v3-3.6", "v3-3.7", started on ``--also-v3``) or Redis ("redis"), and that
+server's counters measure it. A
 floor is not a lock but the cheapest correct "create if absent + delete" on its
 server, the yardstick the others are divided by:
 
@@ -32,11 +34,16 @@ HOST = common.HOST
 OURS_PREFIX = "/etcdlock-bench"
 
 
+#: the v3 servers beside etcd 3.5's ("v3"): 3.4's is the v2 server (it serves both APIs), 3.6's and
+#: 3.7's run when ``--also-v3`` asks for them
+OTHER_V3_LINES = ("3.4", "3.6", "3.7")
+
+
 @dataclass(frozen=True)
 class LockKind:
     key: str  # id used on the command line and in the JSON
     label: str  # what the tables call it
-    server: str  # "v2", "v3", "v3-3.4" (v3 on etcd 3.4) or "redis": where it runs (and whose counters measure it)
+    server: str  # "v2", "v3", "v3-<line>" (v3 on etcd <line>) or "redis": where it runs (and whose counters measure it)
     ours: bool = False
     floor: bool = False  # a raw create + delete, not a lock: only for the uncontended floor
 
@@ -50,14 +57,26 @@ KINDS = {
         LockKind("floor-v3", "raw etcd3gw create+delete", "v3", floor=True),
         LockKind("ours-v3", "celery_etcdlock etcd3://", "v3", ours=True),
         LockKind("tooz-etcd3gw", "tooz etcd3gw lock", "v3"),
-        # the same two on etcd 3.4's v3 API: contention only
-        LockKind("ours-v3-3.4", "celery_etcdlock etcd3:// on etcd 3.4", "v3-3.4", ours=True),
-        LockKind("tooz-etcd3gw-3.4", "tooz etcd3gw lock on etcd 3.4", "v3-3.4"),
+        # the v3 floor, ours and tooz on the other release lines: uncontended and contention only
+        *(
+            kind
+            for line in OTHER_V3_LINES
+            for kind in (
+                LockKind(f"floor-v3-{line}", f"raw etcd3gw create+delete on etcd {line}", f"v3-{line}", floor=True),
+                LockKind(f"ours-v3-{line}", f"celery_etcdlock etcd3:// on etcd {line}", f"v3-{line}", ours=True),
+                LockKind(f"tooz-etcd3gw-{line}", f"tooz etcd3gw lock on etcd {line}", f"v3-{line}"),
+            )
+        ),
         LockKind("floor-redis", "raw redis SET NX + DEL", "redis", floor=True),
         LockKind("redis-lock", "python-redis-lock", "redis"),
     )
 }
-FLOOR_OF = {"v2": "floor-v2", "v3": "floor-v3", "redis": "floor-redis"}
+FLOOR_OF = {
+    "v2": "floor-v2",
+    "v3": "floor-v3",
+    **{f"v3-{line}": f"floor-v3-{line}" for line in OTHER_V3_LINES},
+    "redis": "floor-redis",
+}
 LABELS = {**{k: v.label for k, v in KINDS.items()}, "tooz-redis": "tooz redis election"}
 
 
@@ -65,7 +84,7 @@ def connect_ours(api: str, ports: dict[str, int]) -> Any:
     """A celery_etcdlock client on the benchmark's etcd for ``api`` ("v2" or "v3")."""
     from celery_etcdlock import connect
 
-    scheme = "etcd" if api == "v2" else "etcd3"  # "v3" and "v3-3.4"
+    scheme = "etcd" if api == "v2" else "etcd3"  # "v3" and "v3-<line>"
     return connect(f"{scheme}://{HOST}:{ports[api]}?prefix={OURS_PREFIX}")
 
 
@@ -308,8 +327,9 @@ IMPLS: dict[str, type[Impl]] = {
     "floor-v3": RawV3,
     "ours-v3": OursMutex,
     "tooz-etcd3gw": ToozEtcd3gw,
-    "ours-v3-3.4": OursMutex,
-    "tooz-etcd3gw-3.4": ToozEtcd3gw,
+    **{f"floor-v3-{line}": RawV3 for line in OTHER_V3_LINES},
+    **{f"ours-v3-{line}": OursMutex for line in OTHER_V3_LINES},
+    **{f"tooz-etcd3gw-{line}": ToozEtcd3gw for line in OTHER_V3_LINES},
     "floor-redis": RawRedis,
     "redis-lock": RedisLock,
 }

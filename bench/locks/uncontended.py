@@ -1,6 +1,7 @@
 """Uncontended acquire + release: the latency of a free lock in one process, against the raw floors.
 
-One worker process runs every lock and floor in turn (the first one rotates
+One worker process runs every lock and floor (on every v3 server of the run: 3.5, 3.4's v3,
+``--also-v3``) in turn (the first one rotates
 each iteration, so machine noise hits all alike), ``iterations`` times each
 after ``warmup`` rounds, ttl 30. Per kind: median and p99 in ms, both divided by
 the floor of the same server, and the requests each acquire+release sent (every
@@ -50,7 +51,7 @@ def task_uncontended(ports: dict[str, int], kinds: list[str], iterations: int, w
 
 def run(h: Harness) -> None:
     s = h.settings
-    kinds = h.kinds()
+    kinds = h.kinds(other_v3=True)
     print(f"uncontended: {', '.join(kinds)} x {s.uncontended_iterations}, interleaved", flush=True)
     h.pool.grow(1)
     h.pool[0].run(
