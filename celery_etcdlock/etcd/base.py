@@ -152,6 +152,21 @@ class Lease(abc.ABC):
         """A short printable id, for logs."""
 
 
+class NumberedLease(Lease):
+    """A lease the server numbers: etcd v3's, and the memory backend's, which mimics it."""
+
+    def __init__(self, lease_id: int, ttl: float, server_ttl: int) -> None:
+        super().__init__(ttl, server_ttl)
+        self.lease_id = lease_id
+
+    @property
+    def id(self) -> str:
+        return f"{self.lease_id:x}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} ttl={self.server_ttl} expired={self.expired}>"
+
+
 # sort_keys: the same document always has the same text, which v2 compares. One encoder for every call:
 # json.dumps with options builds a new one each time, which cost more than the encoding of a queue entry.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))

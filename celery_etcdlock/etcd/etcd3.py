@@ -60,6 +60,7 @@ from .base import (
     Entry,
     Lease,
     LeaseExpired,
+    NumberedLease,
     Record,
     RecordChange,
     RecordSet,
@@ -75,19 +76,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class V3Lease(Lease):
+class V3Lease(NumberedLease):
     """One etcd lease."""
-
-    def __init__(self, lease_id: int, ttl: float, server_ttl: int) -> None:
-        super().__init__(ttl, server_ttl)
-        self.lease_id = lease_id
-
-    @property
-    def id(self) -> str:
-        return f"{self.lease_id:x}"
-
-    def __repr__(self) -> str:
-        return f"<V3Lease {self.id} ttl={self.server_ttl} expired={self.expired}>"
 
 
 # -- request bodies (keys base64-encoded, as the gateway wants them) ----------------------------

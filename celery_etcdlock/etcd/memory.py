@@ -48,6 +48,7 @@ from .base import (
     Entry,
     Lease,
     LeaseExpired,
+    NumberedLease,
     Record,
     RecordChange,
     RecordSet,
@@ -59,19 +60,8 @@ from .base import (
 )
 
 
-class MemoryLease(Lease):
+class MemoryLease(NumberedLease):
     """A lease of a memory namespace."""
-
-    def __init__(self, lease_id: int, ttl: float, server_ttl: int) -> None:
-        super().__init__(ttl, server_ttl)
-        self.lease_id = lease_id
-
-    @property
-    def id(self) -> str:
-        return f"{self.lease_id:x}"
-
-    def __repr__(self) -> str:
-        return f"<MemoryLease {self.id} ttl={self.server_ttl} expired={self.expired}>"
 
 
 @dataclass
