@@ -746,6 +746,41 @@ def test_a_leader_that_cannot_renew_is_deposed_before_another_is_elected(
     old.stop()
 
 
+def queue_order(client: Client, name: str) -> list[str | None]:
+    """The identities of an election's candidates, in queue order (the leader first)."""
+    return [
+        e.value.get("data", {}).get("identity") for e in client.backend.read_queue(queue_key(ELECTIONS, name)).entries
+    ]
+
+
+def test_election_followers_lead_in_queue_order_and_a_waiting_resigner_queues_again_at_once(any_client: Client) -> None:
+    # ttl 30: a waiting campaign that noticed its resign() only at its safety-net timeout would queue again after 60 s
+    a, b, c = (Election(any_client, "order", identity=i, ttl=30) for i in "abc")
+    try:
+        a.start()
+        events_a = a.events()
+        assert next(events_a) == LeaderEvent("elected", "a")
+        first = a.token
+        for node in (b, c):
+            node.start()
+            wait_until(lambda node=node: queue_order(any_client, "order")[-1] == node.identity, 10, "it to queue")
+        b.resign()  # b waits behind a, c behind b: b leaves and queues again, behind c
+        wait_until(lambda: queue_order(any_client, "order") == ["a", "c", "b"], 10, "b to queue again, behind c")
+        a.stop()  # c, not b, leads next: it queued first
+        events_c = c.events()
+        assert next(events_c) == LeaderEvent("changed", "a")
+        assert next(events_c) == LeaderEvent("elected", "c")
+        assert c.is_leader and not b.is_leader and b.leader() == "c"
+        assert first is not None and c.token is not None and c.token > first
+        second = c.token
+        c.stop()
+        wait_until(lambda: b.is_leader, 10, "b to lead")
+        assert b.token is not None and b.token > second
+    finally:
+        for node in (a, b, c):
+            node.stop()
+
+
 def test_one_leader_among_many_threads(any_client: Client) -> None:
     elections = [Election(any_client, "many", identity=f"node-{i}", ttl=5) for i in range(4)]
     for election in elections:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 
 import pytest
 
-from celery_etcdlock import Election, InvalidUse
+from celery_etcdlock import Election, InvalidUse, LeaderEvent, connect
 from celery_etcdlock.keys import ELECTIONS, queue_key
 from tests.agents import agent, walls
-from tests.support import wait_until
+from tests.support import EtcdServer, wait_until
 
 
 def test_started_twice_is_invalid_use(client):
@@ -152,3 +153,58 @@ def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
         assert not any("EVENT deposed" in line for line in other.lines)
         # the other node leads throughout: the resumed one must never report leading
         assert not [line for line in old.lines if line.startswith("LEADING") and walls(line) >= resumed_at]
+
+
+def _watchers(server: EtcdServer) -> int:
+    """etcd's count of open watchers (one per watched key of a stream), as bench_scale reads it."""
+    found = re.search(r"^etcd_debugging_mvcc_watcher_total\s+(\S+)$", server.metrics(), re.M)
+    if not found:
+        raise AssertionError("etcd_debugging_mvcc_watcher_total not in /metrics")
+    return int(float(found.group(1)))
+
+
+def _steady_watchers(server: EtcdServer, expected: int, what: str, hold: float = 3.0) -> None:
+    """The watcher count reaches ``expected`` and stays there for ``hold`` seconds (never more, never less)."""
+    wait_until(lambda: _watchers(server) >= expected, 15, what)
+    seen, until = set(), time.monotonic() + hold
+    while time.monotonic() < until:
+        seen.add(_watchers(server))
+        time.sleep(0.05)
+    assert seen == {expected}, f"{what}: etcd counted {sorted(seen)} watchers, expected {expected}"
+
+
+@pytest.mark.parametrize("api", ["v3"])
+def test_a_follower_holds_one_watch(own_etcd: EtcdServer) -> None:
+    # ttl 30: a wait re-creates its watch every 2 ttl at most, so none is re-created in the windows below
+    url = own_etcd.url(prefix="/one-watch")
+    clients = [connect(url) for _ in range(3)]
+    nodes = [Election(c, "w", identity=f"node-{i}", ttl=30) for i, c in enumerate(clients)]
+    try:
+        assert _watchers(own_etcd) == 0
+        nodes[0].start()
+        events = [nodes[0].events()]
+        assert next(events[0]) == LeaderEvent("elected", "node-0")
+        # the leader watches its own entry: how it is deposed at once when the key is deleted
+        _steady_watchers(own_etcd, 1, "the leader's watch")
+        nodes[1].start()
+        events.append(nodes[1].events())
+        assert next(events[1]) == LeaderEvent("changed", "node-0")
+        wait_until(lambda: queued(clients[0], "w") == 2, 10, "node-1 to queue")
+        _steady_watchers(own_etcd, 2, "the leader's and one follower's (right behind the leader)")
+        nodes[2].start()
+        events.append(nodes[2].events())
+        assert next(events[2]) == LeaderEvent("changed", "node-0")
+        wait_until(lambda: queued(clients[0], "w") == 3, 10, "node-2 to queue")
+        _steady_watchers(own_etcd, 3, "a follower behind another follower")
+        nodes[0].resign()  # node-1 leads at once; node-2 hears of it; node-0 queues again behind node-2
+        assert next(events[1]) == LeaderEvent("elected", "node-1")
+        assert next(events[2]) == LeaderEvent("changed", "node-1")
+        assert next(events[0]) == LeaderEvent("changed", "node-1")
+        wait_until(lambda: queued(clients[0], "w") == 3, 10, "node-0 to queue again")
+        assert nodes[1].token is not None and nodes[0].leader() == "node-1"
+        _steady_watchers(own_etcd, 3, "one leader and two followers, after a handover")
+    finally:
+        for node in nodes:
+            node.stop()
+        for c in clients:
+            c.close()

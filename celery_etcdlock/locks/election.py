@@ -25,26 +25,30 @@ Event kinds:
 - ``deposed``: this node stopped leading without resigning (``leader`` None);
   it campaigns again at once, without a restart.
 - ``changed``: another node (or nobody: ``leader`` None) leads now. Followers
-  learn it from a watch on the leader's entry, not by polling.
+  learn it from a watch on the leader's entry, not by polling; the same watch
+  wakes their campaign, so a follower holds one watch (see ``_Sightings``).
 - ``error``: etcd failed; the background campaign retries after a pause.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .. import observe
 from ..errors import InvalidUse, NotHeld
-from ..etcd.base import Entry, WaitResult
+from ..etcd.base import Entry, Snapshot, WaitResult
 from ..keys import ELECTIONS, queue_key
 from .client import Client
 from .queue import WRITE, QueueLock, read_state
+from .session import SessionKey
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,65 @@ class LeaderEvent:
 _END = object()
 
 
+class _Sightings:
+    """The queue as the observer last read it: what a background campaign waits on instead of a watch.
+
+    A follower needs to learn two things: who leads (for ``changed`` events) and when it
+    leads itself. The observer's watch of the queue's head tells both: a candidate can only
+    come to lead when the entry at the head goes, which is exactly what wakes the observer.
+    So while the observer runs, the campaign waits here for the observer's next read, and a
+    follower holds one etcd watch, not two (one on the head, one on its predecessor).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._latest: Snapshot | None = None
+        self._open = False
+        self._generation = 0  # which start() the running observer belongs to
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def start(self) -> int:
+        """Open for a new observer; what it passes to ``close``."""
+        with self._changed:
+            self._latest, self._open = None, True
+            self._generation += 1
+            return self._generation
+
+    def close(self, generation: int) -> None:
+        """The observer of ``generation`` ended: campaigns watch for themselves again."""
+        with self._changed:
+            if generation == self._generation:  # not an observer of an earlier start() that ended late
+                self._open = False
+            self._changed.notify_all()
+
+    def publish(self, snapshot: Snapshot) -> None:
+        with self._changed:
+            if self._latest is None or snapshot.revision > self._latest.revision:
+                self._latest = snapshot
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Let a waiting campaign look again (it was cancelled)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def after(self, revision: int, timeout: float, given_up: Callable[[], bool]) -> Snapshot | None:
+        """A read newer than ``revision`` (the campaign's own), once there is one; None after ``timeout``
+        seconds, once ``given_up()``, or when closed (the caller looks at why)."""
+
+        def newer() -> Snapshot | None:
+            latest = self._latest
+            return latest if latest is not None and latest.revision > revision else None
+
+        with self._changed:  # given_up() is asked under the condition: a cancel's wake() cannot slip in before the wait
+            if self._open and not given_up() and newer() is None:
+                self._changed.wait(timeout)
+            return newer()
+
+
 class _LeaderLock(QueueLock):
     """The lock whose holder leads: it reports leadership, not locking."""
 
@@ -72,9 +135,39 @@ class _LeaderLock(QueueLock):
         observe.CONFLICT: observe.STANDBY,  # a candidate that waits behind the leader: the metrics export 0
     }
 
+    def __init__(self, *args: Any, sightings: _Sightings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sightings = sightings
+
     def _report(self, kind: str, **details: Any) -> None:
         if kind in self._AS_LEADERSHIP:
             super()._report(self._AS_LEADERSHIP[kind], **details)
+
+    def cancel(self) -> None:
+        super().cancel()
+        self._sightings.wake()  # a campaign waiting on the observer gives up now, not at the next head change
+
+    def _wait_and_read(
+        self, blockers: list[Entry], snapshot: Snapshot, deadline: float, skey: SessionKey
+    ) -> Snapshot | None:
+        # Only a change of the head can let this candidate lead (an election is a writer: it leads once
+        # every earlier entry is gone, the head last of all), and the observer watches the head and reads
+        # the queue whenever it goes. So the background campaign waits for the observer's next read rather
+        # than watching its predecessor too: one watch per follower. Without the observer (campaign()
+        # alone, or after stop()) it watches its predecessor, as every lock does.
+        sightings = self._sightings
+        while sightings.open:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._given_up():
+                return None
+            seen = sightings.after(snapshot.revision, min(remaining, max(5.0, 2 * self.ttl)), self._given_up)
+            if self._given_up():
+                return None
+            if seen is not None:
+                return seen
+            if not skey.alive:  # our entry was deleted or its lease lost: the acquire loop queues again
+                return self._backend.read_queue(self.queue)
+        return super()._wait_and_read(blockers, snapshot, deadline, skey)
 
 
 class Election:
@@ -100,8 +193,16 @@ class Election:
         self.client = client
         self.name = name
         self.identity = identity
+        self._sightings = _Sightings()
         self._lock = _LeaderLock(
-            client, queue_key(ELECTIONS, name), name, ttl, WRITE, on_lost=self._deposed, data={"identity": identity}
+            client,
+            queue_key(ELECTIONS, name),
+            name,
+            ttl,
+            WRITE,
+            on_lost=self._deposed,
+            data={"identity": identity},
+            sightings=self._sightings,
         )
         self.ttl = self._lock.ttl
         self._events: queue.Queue[object] = queue.Queue()
@@ -163,7 +264,9 @@ class Election:
         if self._threads:
             raise InvalidUse(f"election {self.name!r} already started")
         self._stopping.clear()
-        for target, role in ((self._campaign_loop, "campaign"), (self._observe_loop, "observe")):
+        generation = self._sightings.start()  # before the campaign's first wait: it must not watch for itself
+        observe_loop = functools.partial(self._observe_loop, generation)
+        for target, role in ((self._campaign_loop, "campaign"), (observe_loop, "observe")):
             thread = threading.Thread(target=target, name=f"etcdlock-election-{role}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -227,8 +330,18 @@ class Election:
             logger.warning("election %s: %s deposed; campaigning again", self.name, self.identity)
             self._emit(DEPOSED, None)  # unless _deposed or the observer said it first
 
-    def _observe_loop(self) -> None:
-        """Follow the queue's first entry with a watch, to report who leads."""
+    def _observe_loop(self, generation: int) -> None:
+        try:
+            self._observe()
+        finally:
+            self._sightings.close(generation)
+
+    def _observe(self) -> None:
+        """Follow the queue's first entry with a watch: to report who leads, and to wake the campaign.
+
+        This is a follower's only watch: its campaign waits on the reads made here (``_Sightings``).
+        A leader's head is its own entry, so the same watch deposes it at once when its key is deleted.
+        """
         known: str | None = None  # nobody leads until the queue says otherwise
         backend = self.client.backend
         while not self._stopping.is_set():
@@ -247,6 +360,7 @@ class Election:
                         self._emit(DEPOSED, None)  # a deposed leader hears of it before hearing who follows
                     self._emit(CHANGED, leader)
                 known = leader
+                self._sightings.publish(snapshot)  # after the events: "changed" comes before our "elected"
                 if head is None:
                     # nobody campaigns: wait for the first entry with a short watch-free pause
                     self._stopping.wait(min(1.0, self.ttl / 3))

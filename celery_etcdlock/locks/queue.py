@@ -412,12 +412,13 @@ class QueueLock:
                     self._blocked(state, waits=waits and time.monotonic() < deadline)
                     if on_wait is not None and waits:
                         on_wait(state)
-                if not self._wait_for(blockers, snapshot.revision, deadline, skey):
+                after = self._wait_and_read(blockers, snapshot, deadline, skey)
+                if after is None:
                     self._session.leave(skey)
                     if waits and not self._given_up():
                         self._report(observe.TIMED_OUT, seconds=time.monotonic() - started, state=state)
                     return False
-                snapshot = self._backend.read_queue(self.queue)
+                snapshot = after
         except BaseException:
             if self._held is skey:
                 self._held = None
@@ -465,6 +466,18 @@ class QueueLock:
                 return False
             self._waiting = skey
             return True
+
+    def _wait_and_read(
+        self, blockers: list[Entry], snapshot: Snapshot, deadline: float, skey: SessionKey
+    ) -> Snapshot | None:
+        """Wait until one of ``blockers`` goes, then read the queue again; None at the deadline or once given up.
+
+        ``snapshot`` is the read that decided to wait. An ``Election`` replaces this: its observer
+        already watches the queue's head, and a second watch per follower would only double etcd's.
+        """
+        if not self._wait_for(blockers, snapshot.revision, deadline, skey):
+            return None
+        return self._backend.read_queue(self.queue)
 
     def _wait_for(self, blockers: list[Entry], revision: int, deadline: float, skey: SessionKey) -> bool:
         """Wait until one of ``blockers`` goes (True: read again) or the deadline passes (False)."""
