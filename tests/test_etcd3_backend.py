@@ -25,7 +25,6 @@ from celery_etcdlock import Mutex, connect
 from celery_etcdlock.etcd import retry
 from celery_etcdlock.etcd.base import Entry, Lease, LeaseExpired, WaitResult
 from celery_etcdlock.etcd.etcd3 import Etcd3Backend, V3Lease
-from celery_etcdlock.keys import LOCKS, encode_name
 from celery_etcdlock.locks.connect import parse_url
 from tests.support import EtcdServer, etcd_versions, free_port, wait_until
 
@@ -447,24 +446,6 @@ def test_after_fork_the_child_uses_connections_of_its_own(backend: Etcd3Backend)
 
 
 # -- leases, seen through a Mutex ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("api", ["v3"])
-def test_a_key_left_on_a_live_lease_is_cleaned_up(client):
-    """A key no lock owns (a failed delete, an interrupted join) must not live as long as the lease.
-
-    (v2 keys have TTLs of their own: one nobody refreshes expires.)
-    """
-    keeper = Mutex(client, "keeper", ttl=2)
-    keeper.acquire()  # keeps the session's lease alive throughout
-    session = client.session(2.0)
-    lease = next(lease.handle for lease in session._leases if lease.skeys)
-    client.backend.join_queue(f"{LOCKS}/{encode_name('orphaned')}", {"mode": "write"}, lease)
-    late = Mutex(client, "orphaned", ttl=2)
-    assert late.acquire(timeout=10), "the stray entry kept blocking the queue"
-    late.release()
-    assert keeper.held
-    keeper.release()
 
 
 @pytest.mark.parametrize("api", ["v3"])

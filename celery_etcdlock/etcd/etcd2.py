@@ -362,6 +362,21 @@ class Etcd2Backend(Backend):
         entries.sort(key=lambda e: e.token)
         return entries
 
+    def _next_event(self, path: str, params: dict[str, Any], deadline: float) -> dict[str, Any] | WaitResult:
+        """The next event of a v2 watch (``wait=true``) by ``deadline``; or what the wait came to."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return WaitResult.TIMEOUT
+        try:
+            body, _ = self._request("GET", path, params, timeout=remaining)
+        except _WatchTimedOut:
+            return WaitResult.TIMEOUT
+        except _Failure as exc:
+            if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
+                return WaitResult.STALE  # the index is too old to watch from: read again
+            raise
+        return body
+
     def wait_any_gone(self, entries: list[Entry], after_revision: int, timeout: float) -> WaitResult:
         # One entry: a watch of its key. Several (a semaphore's waiter): a recursive watch of their queue,
         # which also sees the queue's other changes: those move the index on without a new read.
@@ -376,17 +391,9 @@ class Etcd2Backend(Backend):
 
         def poll() -> tuple[bool, int] | WaitResult:
             """An event: (is it one of the entries gone?, its index); or what the wait came to."""
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return WaitResult.TIMEOUT
-            try:
-                body, _ = self._request("GET", path, {**params, "waitIndex": wait_index}, timeout=remaining)
-            except _WatchTimedOut:
-                return WaitResult.TIMEOUT
-            except _Failure as exc:
-                if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
-                    return WaitResult.STALE
-                raise
+            body = self._next_event(path, {**params, "waitIndex": wait_index}, deadline)
+            if isinstance(body, WaitResult):
+                return body
             node = body["node"]
             gone = body.get("action") in _GONE_ACTIONS and self._relative(node["key"]) in keys
             return gone, int(node["modifiedIndex"])
@@ -561,18 +568,10 @@ class Etcd2Backend(Backend):
         deadline = time.monotonic() + max(0.0, timeout)
 
         def poll() -> list[RecordChange] | WaitResult | int:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return WaitResult.TIMEOUT
             params = {"wait": "true", "recursive": "true", "waitIndex": after_revision + 1}
-            try:
-                body, _ = self._request("GET", prefix, params, timeout=remaining)
-            except _WatchTimedOut:
-                return WaitResult.TIMEOUT
-            except _Failure as exc:
-                if exc.code in (_INDEX_CLEARED, _WATCHER_CLEARED, None):
-                    return WaitResult.STALE
-                raise
+            body = self._next_event(prefix, params, deadline)
+            if isinstance(body, WaitResult):
+                return body
             node = body["node"]
             key, revision = self._relative(node["key"]), int(node["modifiedIndex"])
             gone = body.get("action") in _GONE_ACTIONS
