@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -42,6 +42,7 @@ from tests.support import (
     free_port,
     wait_until,
 )
+from tests.support.scripted import Proxy
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -137,63 +138,6 @@ class Waiter(threading.Thread):
             self.result = self.backend.wait_gone(self.entry, 0, self.timeout)
         except Exception as exc:
             self.error = exc
-
-
-class CuttableProxy:
-    """A loopback TCP proxy to ``port``; ``cut()`` closes every connection through it, as a network fault would."""
-
-    def __init__(self, port: int) -> None:
-        self.upstream = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.connections = 0
-        self._open: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            try:
-                server = socket.create_connection(("127.0.0.1", self.upstream), timeout=10)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            with self._lock:
-                self.connections += 1
-                self._open += [client, server]
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, target):
-            with suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        with self._lock:
-            cut, self._open = self._open, []
-        for sock in cut:
-            with suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def __enter__(self) -> CuttableProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.listener.close()
-        self.cut()
 
 
 # -- the transport itself -----------------------------------------------------------------------
@@ -350,7 +294,7 @@ def test_a_watch_survives_token_expiry_at_every_stream_cut(
     etcd = etcd_server_factory(
         version, enable_v2=False, auth=True, extra_flags=("--auth-token-ttl=1", "--log-level=debug")
     )  # a watch's refusal is a cancel_reason text, the same on every version
-    with CuttableProxy(etcd.client_port) as proxy, count_requests() as sent:
+    with Proxy(("127.0.0.1", etcd.client_port)) as proxy, count_requests() as sent:
         b = make(f"etcd3://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{proxy.port}?prefix=/ttl", retry_max_delay=60)
         entry = join(b, "locks/q", b.grant(60))
         ranges = ranges_served(etcd)
@@ -392,7 +336,7 @@ def test_a_watch_whose_user_is_refused_fails_clearly(
     etcd_server_factory: Callable[..., EtcdServer],
 ) -> None:
     etcd = etcd_server_factory(version, enable_v2=False, auth=True)
-    with CuttableProxy(etcd.client_port) as proxy:
+    with Proxy(("127.0.0.1", etcd.client_port)) as proxy:
         b = make(f"etcd3://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{proxy.port}?prefix=/no", retry_max_delay=60)
         entry = join(b, "locks/q", b.grant(60))
         ranges = ranges_served(etcd)
@@ -410,7 +354,7 @@ def test_a_watch_whose_user_is_refused_fails_clearly(
 def test_a_long_watch_cut_after_the_retry_budget_watches_again(etcd35_server: EtcdServer, prefix: str) -> None:
     """The retry budget counts from a call's start: a watch that worked longer than it, then lost its
     connection, must not give up at once."""
-    with CuttableProxy(etcd35_server.client_port) as proxy:
+    with Proxy(("127.0.0.1", etcd35_server.client_port)) as proxy:
         b = make(f"etcd3://127.0.0.1:{proxy.port}?prefix={prefix}", retry_max_delay=0.5)
         entry = join(b, "locks/q", b.grant(60))
         ranges = ranges_served(etcd35_server)

@@ -90,15 +90,22 @@ def keep_alive(conn: socket.socket, number: int, next_request: Callable[[], byte
 
 
 class Proxy:
-    """A TCP proxy on loopback to ``target`` (host, port) that can turn hostile: set ``trickle`` and every
-    answer from then on reaches the client one byte at a time, each well within any read timeout."""
+    """A TCP proxy on loopback to ``target`` (host, port), for the faults no real server makes on demand.
+
+    ``cut()`` closes every connection through it, as a network fault would. Set ``trickle`` and every
+    answer from then on reaches the client one byte at a time, each well within any read timeout.
+    A context manager: leaving it closes the proxy and cuts what is still open.
+    """
 
     def __init__(self, target: tuple[str, int], pace: float = 0.2) -> None:
         self.target = target
         self.pace = pace
         self.trickle = False
+        self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -109,11 +116,14 @@ class Proxy:
             except OSError:
                 return  # closed
             try:
-                server = socket.create_connection(self.target, timeout=5)
+                server = socket.create_connection(self.target, timeout=10)
             except OSError:
                 client.close()
                 continue
             server.settimeout(None)
+            with self._lock:
+                self.connections += 1
+                self._open += [client, server]
             threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
@@ -130,6 +140,21 @@ class Proxy:
         with suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
 
+    def cut(self) -> None:
+        with self._lock:
+            cut, self._open = self._open, []
+        for sock in cut:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
     def close(self) -> None:
         self._closed.set()
         self.listener.close()
+
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        self.cut()
