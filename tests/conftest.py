@@ -93,10 +93,31 @@ HEAVY_FIXTURES = frozenset(
 )  # fmt: skip
 
 
+# A test marked slow_but_newest waits out TTLs on every backend it runs on; the fast lane keeps it
+# on memory:// and the newest etcd's v3 API only. Those two, because they are what the CI matrix
+# runs (scripts/test-pythons: quick tests, ETCDLOCK_TEST_ETCD=3.7): a plain slow marker would take
+# such a quick test out of the matrix, and it would run on no other CPython at all.
+NEWEST = etcd_versions.DEFAULT_KIND["v3"]
+
+
+def _on_newest(item: pytest.Item) -> bool:
+    """Whether ``item`` runs on memory:// or the newest etcd's v3 API (by its backend parameter)."""
+    if item.get_closest_marker("skip"):
+        return True  # runs nowhere (say, no etcd kind selected: an empty parameter set), so costs nothing
+    callspec = getattr(item, "callspec", None)
+    for value in callspec.params.values() if callspec else ():
+        name = value.name if isinstance(value, EtcdKind) else value
+        if isinstance(name, str) and name in ("memory", "v3", NEWEST.name, NEWEST.version):
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HEAVY_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.quick)
+        if item.get_closest_marker("slow_but_newest") and not _on_newest(item):
+            item.add_marker(pytest.mark.slow)
 
 
 # -- servers -----------------------------------------------------------------------------------

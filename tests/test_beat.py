@@ -125,6 +125,7 @@ def test_lazy_and_unticked_schedulers_do_not_campaign(etcd_url, redis_url, sched
     assert observer.leader() == "a:1"
 
 
+@pytest.mark.slow
 @pytest.mark.every_etcd  # a small part of the beat tests on every etcd kind
 def test_only_the_leader_writes_and_sends(etcd_url, redis_url, schedulers):
     url = etcd_url
@@ -489,6 +490,7 @@ def start(
     return beats
 
 
+@pytest.mark.slow
 def test_two_beats_one_sender_once_a_second(etcd_url, redis_url, make_beats):
     beats = start(make_beats, etcd_url, redis_url, n=2, ttl=3)
     leader = beats.leader()
@@ -504,6 +506,7 @@ def test_two_beats_one_sender_once_a_second(etcd_url, redis_url, make_beats):
     assert "Sending due task" not in beats.log(follower)
 
 
+@pytest.mark.slow
 def test_sigkill_leader_another_takes_over_without_doubles(etcd_url, redis_url, make_beats):
     ttl = 2
     beats = start(make_beats, etcd_url, redis_url, n=3, ttl=ttl)
@@ -553,6 +556,7 @@ def test_sigstop_leader_resumes_as_follower_and_sends_nothing(etcd_url, redis_ur
     beats.check_no_doubles()
 
 
+@pytest.mark.slow
 def test_sigterm_leader_resigns_and_another_takes_over_at_once(etcd_url, redis_url, make_beats):
     ttl = 20  # a take-over well before the ttl can only come from resigning
     beats = start(make_beats, etcd_url, redis_url, n=2, ttl=ttl)
@@ -570,6 +574,7 @@ def test_sigterm_leader_resigns_and_another_takes_over_at_once(etcd_url, redis_u
     beats.check_no_doubles()
 
 
+@pytest.mark.slow
 def test_etcd_restart_sending_resumes_without_doubles(own_etcd: EtcdServer, redis_url, make_beats):
     ttl = 2
     beats = start(make_beats, own_etcd.url(prefix=f"/beat-{unique()}"), redis_url, n=2, ttl=ttl)

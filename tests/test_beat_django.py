@@ -346,6 +346,7 @@ def _beat_once(db_url: str, etcd_url: str, redis_url: str, tmp_path: Path) -> su
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_a_database_that_is_unreachable_or_not_migrated_stops_the_beat_with_one_line(
     api, postgres, etcd_url, redis_url, tmp_path
@@ -400,6 +401,7 @@ def test_leader_only_persistent_scheduler_follower_opens_no_file_and_takes_over_
 # -- LeaderDatabaseScheduler processes on PostgreSQL ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_two_beats_one_sender_followers_write_nothing_and_database_edits_are_picked_up(
     api, postgres, pg_url, orm, etcd_url, redis_url, make_beats
@@ -436,6 +438,7 @@ def test_two_beats_one_sender_followers_write_nothing_and_database_edits_are_pic
     assert "Sending due task" not in beats.log(follower)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_sigkill_leader_each_run_once_with_a_stale_last_run_at_and_a_crontab_due_in_the_failover(
     api, postgres, pg_url, orm, etcd_url, redis_url, make_beats
@@ -484,6 +487,7 @@ def test_sigkill_leader_each_run_once_with_a_stale_last_run_at_and_a_crontab_due
 # -- SQLite ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v2"])
 def test_sqlite_two_beats_one_sender_each_run_once(api, etcd_url, redis_url, make_beats, tmp_path):
     db = tmp_path / "db.sqlite3"
@@ -515,6 +519,7 @@ def sent_headers(app: Any) -> list[dict[str, Any]]:
     return [json.loads(m)["headers"]["etcdlock_beat"] for m in reversed(raw)]  # LPUSHed: newest first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_a_deposed_leader_that_leads_again_reloads_the_database_and_sends_no_run_twice(
     api, pg_url, orm, etcd_url, redis_url

@@ -52,6 +52,7 @@ def sent_kwargs(app: Celery) -> list[dict[str, Any]]:
     return [json.loads(base64.b64decode(json.loads(m)["body"]))[1] for m in messages]
 
 
+@pytest.mark.slow
 def test_a_leader_applies_saves_updates_and_deletes_without_restart(etcd_url, redis_url, schedulers):
     app = runtime_app(etcd_url, redis_url)
     reported: list[observe.Event] = []

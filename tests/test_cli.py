@@ -210,6 +210,7 @@ def test_release_asks_first_then_hands_the_lock_to_the_next_waiter(
     assert locks_json(run_cli)["stuck"]["holders"][0]["token"] == new_token
 
 
+@pytest.mark.slow
 def test_a_force_released_holder_learns_it_lost_the_lock(run_cli: Callable[..., Result], holders: Callable[..., Proc]):
     holder = holders("mutex", "stuck", "worker-1")
     holder.expect(r"held (\d+)")
@@ -217,6 +218,7 @@ def test_a_force_released_holder_learns_it_lost_the_lock(run_cli: Callable[..., 
     holder.expect("lost", timeout=20)  # at its next renewal, within ttl/3 (10 s here)
 
 
+@pytest.mark.slow
 def test_release_yes_json_releases_every_reader(run_cli: Callable[..., Result], holders: Callable[..., Proc]):
     readers = [holders("read", "index", f"reader-{i}") for i in range(2)]
     tokens = sorted(int(r.expect(r"held (\d+)").group(1)) for r in readers)
@@ -239,6 +241,7 @@ def test_release_of_a_free_lock_fails_clearly(run_cli: Callable[..., Result]):
     assert run_cli("release", "x", "--json").exit_code != 0  # --json cannot ask for confirmation
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)  # the app's own budget is 120 s: the command must not use it
 @pytest.mark.parametrize("command", [["locks"], ["leader"], ["release", "x", "--yes"]])
 def test_unreachable_etcd_is_a_quick_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command):
@@ -276,6 +279,7 @@ def test_the_celery_program_has_the_etcdlock_command(tmp_path: Path, api: str, e
     assert json.loads(empty.stdout) == []
 
 
+@pytest.mark.slow
 def test_semaphore_slots_are_shown_and_one_holders_slot_can_be_freed(
     run_cli: Callable[..., Result], holders: Callable[..., Proc]
 ):

@@ -228,6 +228,7 @@ def test_on_lost_runs_on_the_renewer_thread_for_a_loss_another_thread_saw(any_cl
     lock.release()
 
 
+@pytest.mark.slow_but_newest
 def test_locks_taken_at_once_by_many_threads_all_stay_exclusive(any_client: Client, another_client: Client) -> None:
     ttl, names = 2, [f"burst-{i}" for i in range(6)]
     barrier = threading.Barrier(len(names), timeout=20)
@@ -320,6 +321,7 @@ def test_a_skip_always_means_someone_held_the_lock(any_client: Client) -> None:
 # -- TTLs ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow_but_newest
 def test_a_holder_that_cannot_renew_steps_down_before_another_takes_over(
     any_client: Client, another_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -338,6 +340,7 @@ def test_a_holder_that_cannot_renew_steps_down_before_another_takes_over(
     contender.release()
 
 
+@pytest.mark.slow_but_newest
 def test_a_waiter_may_wait_far_longer_than_its_ttl(any_client: Client) -> None:
     ttl = 1
     rw = RWLock(any_client, "patience", ttl=ttl)
@@ -353,6 +356,7 @@ def test_a_waiter_may_wait_far_longer_than_its_ttl(any_client: Client) -> None:
     writer.release()
 
 
+@pytest.mark.slow_but_newest
 def test_an_entry_that_is_not_kept_alive_expires_and_its_waiter_wakes(any_client: Client) -> None:
     backend = any_client.backend
     entry, snapshot = backend.join_queue("locks/q", {"mode": "write"}, backend.grant(1.5))  # server TTL 1 s
@@ -486,6 +490,7 @@ def test_a_fenced_write_fails_once_the_fence_is_gone(any_client: Client) -> None
     backend.revoke(lease, [successor])
 
 
+@pytest.mark.slow_but_newest
 def test_a_record_with_a_ttl_expires(any_client: Client) -> None:
     backend = any_client.backend
     record = backend.put_record("records/markers/m", {"task": "t"}, expect=None, ttl=1)

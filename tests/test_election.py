@@ -112,6 +112,7 @@ def test_exactly_one_leader_among_three_and_all_agree(etcd_url, client):
                 p.expect(rf"EVENT changed leader={identity}", timeout=15)
 
 
+@pytest.mark.slow_but_newest
 def test_killed_leader_is_replaced_within_ttl(etcd_url, client):
     ttl = 2
     with candidates(etcd_url, 3, ttl=ttl) as procs:
@@ -126,6 +127,7 @@ def test_killed_leader_is_replaced_within_ttl(etcd_url, client):
         assert walls(elected) - killed_at <= ttl + 1
 
 
+@pytest.mark.slow_but_newest
 def test_resign_hands_over_promptly(etcd_url):
     ttl = 10  # a handover that waited for expiry would take 10 s
     first = agent("elect", url=etcd_url, name="cluster", identity="first", ttl=ttl, resign_after=2.0)
@@ -138,6 +140,7 @@ def test_resign_hands_over_promptly(etcd_url):
             assert walls(elected.string) - walls(resigned.string) < ttl / 2
 
 
+@pytest.mark.slow_but_newest
 def test_paused_leader_is_deposed_and_never_leads_beside_another(etcd_url):
     ttl = 1
     with candidates(etcd_url, 2, ttl=ttl) as procs:

@@ -51,6 +51,7 @@ def test_a_key_too_long_for_a_url_fails_at_once(backend: Etcd2Backend, length: i
     assert backend.put_record("records/k/" + "k" * 4000, {}, expect=None) is not None  # what fits still works
 
 
+@pytest.mark.slow_but_newest
 def test_a_value_too_large_for_a_form_fails_at_once(backend: Etcd2Backend) -> None:
     with pytest.raises(BackendError, match="refuses a request this large.*POST too large") as caught:
         backend.put_record("records/k/big", {"v": "x" * 11_000_000}, expect=None)
@@ -67,6 +68,7 @@ def test_the_peer_port_is_named(etcd34_server: EtcdServer) -> None:
 # -- v2's event window and directories, seen through a Mutex --------------------------------------
 
 
+@pytest.mark.slow_but_newest
 @pytest.mark.every_etcd("v2")
 def test_watch_from_a_cleared_index_is_stale(client):
     """v2 keeps 1000 events: a watch from an older index must say so, not hang or fail."""
@@ -79,6 +81,7 @@ def test_watch_from_a_cleared_index_is_stale(client):
     lock.release()
 
 
+@pytest.mark.slow_but_newest
 @pytest.mark.every_etcd("v2")
 def test_waiter_recovers_when_its_watch_index_is_cleared(client, caplog):
     """More than 1000 events while a waiter waits: its next watch gets error 401 and it reads again."""
@@ -138,6 +141,7 @@ def _make_noise(client, events: int) -> None:
         client.backend.put_record(f"records/noise/{i}", {"i": i}, expect=None, ttl=30)
 
 
+@pytest.mark.slow_but_newest
 @pytest.mark.every_etcd("v2")
 def test_an_unused_queue_directory_is_removed(client):
     """v2 queues are directories, which outlive their last entry (v3 queues are key ranges)."""

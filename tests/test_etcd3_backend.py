@@ -251,6 +251,7 @@ def test_keep_alive_reports_entries_deleted_behind_its_back(backend: Etcd3Backen
     assert not lease.expired
 
 
+@pytest.mark.slow_but_newest
 def test_a_renewal_of_500_entries_is_three_requests(backend: Etcd3Backend, requests_sent: Counter[str]) -> None:
     lease = backend.grant(30)
     entries = [join(backend, "locks/many", {"i": i}, lease) for i in range(500)]
@@ -324,6 +325,7 @@ def test_wait_gone_replays_a_delete_before_the_watch(backend: Etcd3Backend) -> N
     assert backend.wait_gone(entry, snapshot.revision, timeout=30) is WaitResult.GONE
 
 
+@pytest.mark.slow_but_newest
 def test_wait_gone_on_lease_expiry(backend: Etcd3Backend) -> None:
     entry = join(backend, "locks/q", {}, backend.grant(1))
     snapshot = backend.read_queue("locks/q")
@@ -395,6 +397,7 @@ def test_fenced_record_write_fails_once_the_fence_is_gone(backend: Etcd3Backend)
     assert backend.put_record("records/beat/s", {"n": 3}, expect=record, fence=successor) is not None
 
 
+@pytest.mark.slow
 def test_records_with_a_ttl_leave_no_lease_behind(etcd_server_factory: Callable[..., EtcdServer]) -> None:
     """Each record with a ttl has a lease of its own: deleting or replacing the record revokes it.
 
@@ -416,6 +419,7 @@ def test_records_with_a_ttl_leave_no_lease_behind(etcd_server_factory: Callable[
     backend.close()
 
 
+@pytest.mark.slow_but_newest
 def test_record_with_ttl_expires(backend: Etcd3Backend) -> None:
     record = backend.put_record("records/markers/m", {"task": "t"}, expect=None, ttl=1)
     assert record is not None and record.ttl == 1

@@ -161,6 +161,7 @@ def records(fork_log: Path, event: str = "fork", pid: int | None = None) -> list
     return [r for r in found if r["event"] == event and (pid is None or r["pid"] == pid)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])  # a worker's start is the expensive part; v2 adds no fork path
 def test_a_prefork_worker_forks_its_pool_and_beat_with_no_thread_of_ours(
     api: str, etcd_url: str, redis_url: str, app_on: redis.Redis, tmp_path: Path
@@ -197,6 +198,7 @@ def test_a_prefork_worker_forks_its_pool_and_beat_with_no_thread_of_ours(
     assert "Revoked" in worker.output or "revoked" in worker.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_the_same_app_under_gevent_runs_its_locked_tasks_in_the_worker_itself(
     api: str, etcd_url: str, redis_url: str, app_on: redis.Redis, tmp_path: Path

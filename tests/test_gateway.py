@@ -259,6 +259,7 @@ def test_credentials_where_auth_is_off_are_ignored(etcd35_server: EtcdServer, pr
     assert b.read_queue("locks/q").entries == []
 
 
+@pytest.mark.slow_but_newest
 def test_tokens_lost_in_a_restart_are_renewed(
     auth_server: EtcdServer, prefix: str, requests_sent: Counter[str]
 ) -> None:
@@ -285,6 +286,7 @@ def _wait_for_the_watch(etcd: EtcdServer, ranges_before: int) -> None:
     wait_until(lambda: watch_streams(etcd) >= 1 and ranges_served(etcd) > ranges_before, 30, "the watch and its read")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", GATEWAYS)
 def test_a_watch_survives_token_expiry_at_every_stream_cut(
     version: str, etcd_server_factory: Callable[..., EtcdServer]
@@ -320,6 +322,7 @@ def _root(etcd: EtcdServer, method: str, body: dict[str, Any]) -> None:
     assert status == 200, reply
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [v for v in ("3.5", "3.7") if v in V3_LINES])
 @pytest.mark.parametrize(
     ("refusal", "change", "message"),
@@ -513,6 +516,7 @@ def test_tls_with_client_certificates_and_password_auth(etcd_server_factory: Cal
 # -- a server that stops answering or dies during a watch -----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v3"])
 def test_a_watch_on_a_frozen_server_ends_at_its_deadline(own_etcd: EtcdServer) -> None:
     b = make(own_etcd.url(prefix="/frozen"), retry_max_delay=2, timeout=2)

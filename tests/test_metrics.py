@@ -333,6 +333,7 @@ sys.meta_path.insert(0, NotInstalled())
 """
 
 
+@pytest.mark.slow_but_newest
 @pytest.mark.parametrize(
     ("prelude", "setting"), [(NOT_INSTALLED, "True"), ("", "False")], ids=["not-installed", "turned-off"]
 )
@@ -375,6 +376,7 @@ def aggregated(directory: Path) -> CollectorRegistry:
     return registry
 
 
+@pytest.mark.slow
 def test_a_prefork_worker_in_multiprocess_mode_shows_its_pool_processes_metrics(
     etcd35_server: Any, redis_for_worker: str, tmp_path: Path
 ) -> None:

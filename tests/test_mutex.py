@@ -20,6 +20,7 @@ def test_something_else_than_a_client_is_named(make):
         make("etcd://127.0.0.1:2379", "x")  # a URL where the client belongs
 
 
+@pytest.mark.slow_but_newest
 def test_a_hung_renewal_of_one_session_does_not_delay_another_sessions(client, monkeypatch):
     from celery_etcdlock.etcd.retry import Transient
 
@@ -123,6 +124,7 @@ def test_bad_timeout(client, timeout, error):
     assert client.backend.list_queues(LOCKS) == {}  # refused before anything was written
 
 
+@pytest.mark.slow_but_newest
 def test_live_holder_keeps_the_lock_for_three_ttls(etcd_url, client):
     ttl = 1
     with agent("hold", url=etcd_url, name="long", ttl=ttl) as holder:
@@ -143,6 +145,7 @@ def test_killed_holder_frees_the_lock_within_ttl(etcd_url, client):
         contender.release()
 
 
+@pytest.mark.slow
 def test_mutual_exclusion_across_processes(etcd_url, tmp_path):
     counter, tokens = tmp_path / "counter", tmp_path / "tokens"
     counter.write_text("0")
@@ -181,6 +184,7 @@ def test_paused_holder_never_believes_it_holds(etcd_url, client):
         contender.release()
 
 
+@pytest.mark.slow
 def test_etcd_outage_marks_the_lock_lost_before_anyone_can_acquire(own_etcd):
     url = own_etcd.url()
     ttl = 2
@@ -216,6 +220,7 @@ def test_lock_lost_in_a_with_block_raises_on_exit(own_etcd):
         lock.release()
 
 
+@pytest.mark.slow
 def test_survives_etcd_restart(own_etcd):
     url = own_etcd.url()
     with agent("churn", url=url, name="restart", ttl=2, seconds=6) as churner:

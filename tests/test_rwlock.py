@@ -30,6 +30,7 @@ def test_killed_queued_writer_leaves_the_queue_within_ttl(etcd_url, client):
     reader.release()
 
 
+@pytest.mark.slow_but_newest
 def test_waiter_can_wait_far_longer_than_its_ttl(etcd_url, client):
     ttl = 1
     rw = RWLock(client, "patience", ttl=ttl)

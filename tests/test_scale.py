@@ -48,6 +48,7 @@ def test_a_session_spreads_its_entries_over_leases_of_bounded_size(
         client.close()
 
 
+@pytest.mark.slow
 def test_bench_scale_runs_its_smallest_cell(tmp_path: Path) -> None:
     """The capacity benchmark's harness works: 10 clients holding nothing, then one lock each, on one etcd."""
     pytest.importorskip("urllib3")  # bench.common counts requests through it in every host process

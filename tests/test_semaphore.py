@@ -39,6 +39,7 @@ print("DONE", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_at_most_limit_processes_inside_and_the_limit_is_reached(etcd_url: str, tmp_path: Path) -> None:
     state = tmp_path / "inside.json"
     state.write_text("")

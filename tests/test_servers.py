@@ -113,6 +113,7 @@ def test_v3_tls_and_auth_answer_only_with_a_token(etcd_server_factory) -> None:
     assert server.url().startswith(f"etcd3s://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{server.client_port}?ca=")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["v2", "v3"])
 def test_client_cert_auth_demands_the_client_certificate(etcd_server_factory, api: str) -> None:
     if api == "v2":
@@ -129,6 +130,7 @@ def test_client_cert_auth_demands_the_client_certificate(etcd_server_factory, ap
         assert v3_put(server, "/k", "app", token=server.v3_token()) == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version,enable_v2", [("3.4", True), ("3.5", False)])
 def test_restart_and_crash_keep_data_and_ports(etcd_server_factory, version: str, enable_v2: bool) -> None:
     server = etcd_server_factory(version, enable_v2=enable_v2)

@@ -70,6 +70,7 @@ def _start(tmp_path: Path, *args: str) -> Proc:
     return Proc.module("celery", "-A", "startcheck", *args, cwd=tmp_path, name=args[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("role", "settings", "named"),
     [

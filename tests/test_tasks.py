@@ -627,6 +627,7 @@ def test_an_unreachable_url_is_named_in_a_task_error_without_its_password() -> N
     assert "s3cret" not in str(raised.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("celery_worker_pool", ["solo"])
 def test_celery_settings_dumps_mask_the_etcd_password(etcd: Any, celery_worker: Any) -> None:
     """What `celery report` prints and `celery inspect conf` answers never carries the etcd password."""

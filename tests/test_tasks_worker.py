@@ -121,6 +121,7 @@ def results(handles: list[Any]) -> list[Any]:
 # -- one run at a time ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.every_etcd  # a small part of the task tests on every etcd kind
 def test_five_submissions_one_run_others_skip(worker: Worker, tag: str) -> None:
     handles = [taskapp.skip_task.delay(tag, 2.0) for _ in range(5)]
@@ -162,6 +163,7 @@ def test_lock_value_records_task_and_worker_and_bound_task_sees_token(worker: Wo
     handle.get(timeout=RESULT_TIMEOUT)
 
 
+@pytest.mark.slow
 def test_per_key_same_key_serialised_positional_and_keyword_alike(worker: Worker, tag: str) -> None:
     same, different = f"{tag}-same", f"{tag}-diff"
     # different keys first: with two pool slots, they can only overlap if neither waits
@@ -207,6 +209,7 @@ def test_on_conflict_retry_runs_after_the_holder(worker: Worker, tag: str) -> No
     assert max_concurrency(tag) == 1
 
 
+@pytest.mark.slow
 def test_on_conflict_wait_gives_up_after_lock_timeout(worker: Worker, tag: str) -> None:
     first = taskapp.short_wait_task.delay(tag, 3.0)
     started(tag)
@@ -241,6 +244,7 @@ def test_dedupe_enqueue_returns_the_queued_then_running_instance(worker: Worker,
     assert [e["task_id"] for e in events(tag, "start")] == [first.id, after.id]
 
 
+@pytest.mark.slow
 def test_countdown_task_is_deduped_but_holds_no_lock_while_waiting(worker: Worker, tag: str) -> None:
     later = taskapp.dedupe_task.apply_async((tag, 0.1), countdown=3)
     again = taskapp.dedupe_task.delay(tag, 0.1)
@@ -257,6 +261,7 @@ def test_countdown_task_is_deduped_but_holds_no_lock_while_waiting(worker: Worke
 # -- read-write locked tasks -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rwlock_readers_overlap_writer_runs_alone(worker: Worker, tag: str) -> None:
     handles = [taskapp.read_task.delay(tag, 1.5), taskapp.read_task.delay(tag, 1.5)]
     started(tag, 2)
@@ -307,6 +312,7 @@ def test_each_pool_child_has_its_own_client_and_the_parent_none(worker: Worker, 
     assert _etcd_connections(worker.pid, port) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.every_etcd  # a small part of the task tests on every etcd kind
 def test_sigkilled_worker_frees_the_lock_within_ttl(worker: Worker, tag: str) -> None:
     handle = taskapp.fragile_task.delay(tag, 60)
@@ -321,6 +327,7 @@ def test_sigkilled_worker_frees_the_lock_within_ttl(worker: Worker, tag: str) ->
     assert taskapp.fragile_task.delay(tag, 0.1).get(timeout=RESULT_TIMEOUT) == 0.1
 
 
+@pytest.mark.slow
 def test_stopped_past_ttl_loses_lock_is_reported_and_next_run_not_blocked(worker: Worker, tag: str) -> None:
     stopped = taskapp.fragile_task.delay(tag, 3.0)
     (start,) = started(tag)
@@ -363,6 +370,7 @@ def test_soft_time_limit_releases_the_lock(worker: Worker, tag: str) -> None:
 # -- at most N at once -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_limited_task_of_two_on_five_children_runs_two_at_once_and_all_of_them(worker: Worker, tag: str) -> None:
     wide = Worker(worker.etcd_url, worker.redis_url, concurrency=5)  # five children: only the limit holds them back
     try:

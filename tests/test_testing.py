@@ -167,6 +167,7 @@ def needs_etcd() -> None:
         pytest.skip("no etcd binary on this machine")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pytest_celery", ["loaded", "not loaded"])
 def test_a_sample_project_passes_on_etcd(tmp_path: Path, pytest_celery: str) -> None:
     needs_etcd()
@@ -179,6 +180,7 @@ def test_a_sample_project_passes_on_etcd(tmp_path: Path, pytest_celery: str) -> 
     assert counts(done.stdout) == {"passed": 5}, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_a_sample_project_on_memory_passes_without_etcd_whose_tests_are_skipped_saying_why(tmp_path: Path) -> None:
     done = run_pytest(write_project(tmp_path / "project", "memory"), env={"ETCDLOCK_ETCD": "/no/such/etcd"})
     assert counts(done.stdout) == {"passed": 4, "skipped": 2}, done.stdout + done.stderr
