@@ -21,7 +21,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -40,9 +39,8 @@ from celery_etcdlock.beat import STATE_KIND, LeaderScheduler, beat_name
 from celery_etcdlock.cli import list_elections
 from celery_etcdlock.locks.store import DocumentStore
 from tests.support import EtcdServer, free_port, wait_until
+from tests.support.celery_processes import CELERY, ROOT, CeleryProcesses
 
-ROOT = Path(__file__).resolve().parent.parent
-CELERY = str(Path(sys.executable).with_name("celery"))
 HOST = socket.gethostname()
 
 
@@ -343,16 +341,15 @@ def test_close_resigns_so_a_follower_takes_over_at_once(etcd_url, redis_url, sch
 # -- real processes ----------------------------------------------------------------------------------
 
 
-class Beats:
+class Beats(CeleryProcesses):
     """celery beat processes and a worker of tests.beatapp, and the runs they record."""
 
     def __init__(self, tmp: Path, etcd_url: str, redis_url: str, ttl: float, schedule: str = "every") -> None:
         tag = unique()
         self.prefix = url_prefix(etcd_url)
-        self.tmp = tmp
         self.redis = redis.Redis.from_url(redis_url)
         self.runs_key = f"runs-{tag}"
-        self.env = dict(
+        env = dict(
             os.environ,
             PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             BEATAPP_BROKER=redis_url,
@@ -363,50 +360,31 @@ class Beats:
             ETCDLOCK_URL=etcd_url,
             ETCDLOCK_PREFIX=self.prefix,
         )
+        super().__init__(tmp, "tests.beatapp", env)
         self.beats: dict[str, subprocess.Popen[bytes]] = {}  # identity -> process
-        self.logs: dict[str, Path] = {}
         self.others: list[subprocess.Popen[bytes]] = []
 
-    def _spawn(self, role: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
-        log = self.tmp / f"{role}-{len(self.logs) + len(self.others)}.log"
-        with open(log, "wb") as out:
-            proc = _children.popen(
-                [CELERY, "-A", "tests.beatapp", *args],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        return proc, log
-
     def start_beat(self) -> str:
-        proc, log = self._spawn(
+        args = [
             "beat",
-            [
-                "beat",
-                "-S",
-                "celery_etcdlock.beat:LeaderScheduler",
-                "-l",
-                "info",
-                "-s",
-                str(self.tmp / f"unused-{unique()}"),
-            ],
-        )
+            "-S",
+            "celery_etcdlock.beat:LeaderScheduler",
+            "-l",
+            "info",
+            "-s",
+            str(self.tmp / f"unused-{unique()}"),
+        ]
+        proc = self.start(args, "beat")
         identity = f"{HOST}:{proc.pid}"
-        self.beats[identity], self.logs[identity] = proc, log
+        self.beats[identity] = proc
         return identity
 
     def start_worker(self) -> None:
-        proc, log = self._spawn(
-            "worker",
-            ["worker", "-P", "solo", "-l", "warning", "--without-heartbeat", "--without-gossip", "--without-mingle"],
-        )
-        self.others.append(proc)
-        self.logs[f"worker-{proc.pid}"] = log
+        args = ["worker", "-P", "solo", "-l", "warning", "--without-heartbeat", "--without-gossip", "--without-mingle"]
+        self.others.append(self.start(args, "worker"))
 
     def log(self, identity: str) -> str:
-        return self.logs[identity].read_text(errors="replace")
+        return self.output(self.beats[identity])
 
     def published(self, identity: str | None = None) -> list[tuple[str, str, float]]:
         """(entry, sender, wall time) of every message a beat published, from the beats' logs."""
@@ -448,21 +426,6 @@ class Beats:
 
     def signal(self, identity: str, sig: int) -> None:
         self.beats[identity].send_signal(sig)
-
-    def close(self) -> None:
-        for proc in [*self.beats.values(), *self.others]:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.terminate()
-        for proc in [*self.beats.values(), *self.others]:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def dump(self) -> str:
-        return "\n".join(f"==== {who}\n{path.read_text(errors='replace')[-4000:]}" for who, path in self.logs.items())
 
 
 @pytest.fixture

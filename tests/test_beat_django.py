@@ -29,18 +29,17 @@ import pytest
 import redis
 from celery.beat import PersistentScheduler, Scheduler
 
-from celery_etcdlock import _children, connect
+from celery_etcdlock import connect
 from celery_etcdlock.beat import STATE_KIND, LeaderMixin, LeaderScheduler, leader_only
 from celery_etcdlock.locks.store import DocumentStore
 from tests.djangoproj.settings import database
 from tests.support import wait_until
+from tests.support.celery_processes import CELERY, ROOT, CeleryProcesses
 from tests.support.postgres_server import PostgresServer
 from tests.test_beat import make_app, queued, tick_until, url_prefix
 
 pytest.importorskip("django_celery_beat", reason="the django extra (django-celery-beat) is not installed")
 
-ROOT = Path(__file__).resolve().parent.parent
-CELERY = str(Path(sys.executable).with_name("celery"))
 SCHEDULER = "celery_etcdlock.beat:LeaderDatabaseScheduler"
 TEMPLATE = "djangoproj_migrated"
 
@@ -126,15 +125,14 @@ def every_minute(orm: Any, name: str) -> Any:
 # -- beat processes ----------------------------------------------------------------------------------
 
 
-class DjangoBeats:
+class DjangoBeats(CeleryProcesses):
     """celery beat processes and a worker of tests.djangoproj on one database, and the runs they record."""
 
     def __init__(self, tmp: Path, db_url: str, etcd_url: str, redis_url: str, ttl: float) -> None:
         tag = unique()
-        self.tmp = tmp
         self.redis = redis.Redis.from_url(redis_url)
         self.runs_key = f"djruns-{tag}"
-        self.env = dict(
+        env = dict(
             os.environ,
             PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             DJANGOPROJ_DB=db_url,
@@ -146,20 +144,13 @@ class DjangoBeats:
             ETCDLOCK_URL=etcd_url,
             ETCDLOCK_PREFIX=url_prefix(etcd_url),
         )
+        super().__init__(tmp, "tests.djangoproj", env)
         self.beat_name = f"dj-{tag}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # application_name -> process
-        self.logs: dict[str, Path] = {}
 
     def spawn(self, role: str, args: list[str], **env: str) -> str:
         app_name = f"{role}-{len(self.procs)}-{unique()[:4]}"
-        log = self.tmp / f"{app_name}.log"
-        with open(log, "wb") as out:
-            self.procs[app_name] = _children.popen(
-                [CELERY, "-A", "tests.djangoproj", *args],
-                cwd=ROOT, env={**self.env, "DJANGOPROJ_APP_NAME": app_name, **env},
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        self.logs[app_name] = log
+        self.procs[app_name] = self.start(args, app_name, DJANGOPROJ_APP_NAME=app_name, **env)
         return app_name
 
     def start_beat(self) -> str:
@@ -175,7 +166,7 @@ class DjangoBeats:
         return f"{socket.gethostname()}:{self.procs[app_name].pid}"
 
     def log(self, app_name: str) -> str:
-        return self.logs[app_name].read_text(errors="replace")
+        return self.output(self.procs[app_name])
 
     def runs(self, entry: str | None = None) -> list[dict[str, Any]]:
         """Every run the worker recorded, in the order the beats published them (one queue, a solo worker)."""
@@ -194,20 +185,6 @@ class DjangoBeats:
         assert len(set(afters)) == len(afters), f"{entry}: a run sent twice (one 'after'): {runs}"
         assert len(set(numbers)) == len(numbers), f"{entry}: a run sent twice (one run number): {runs}"
         return runs
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def dump(self) -> str:
-        return "\n".join(f"==== {who}\n{path.read_text(errors='replace')[-4000:]}" for who, path in self.logs.items())
 
 
 @pytest.fixture

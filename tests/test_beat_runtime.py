@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -23,21 +22,14 @@ from celery import Celery
 from celery.schedules import crontab
 
 from celery_etcdlock import connect, observe
-from celery_etcdlock.beat import LeaderScheduler, LeaderSchedulerEntry
+from celery_etcdlock.beat import LeaderSchedulerEntry
 from celery_etcdlock.beat.entries import run_key
 from tests import test_beat
 from tests.support import wait_until
 from tests.test_beat import ROOT, Beats, make_app, scheduler_for, tick_until, url_prefix
 
 make_beats = test_beat.make_beats  # the fixture of real beat processes, stopped after the test
-
-
-@pytest.fixture
-def schedulers() -> Iterator[list[LeaderScheduler]]:
-    made: list[LeaderScheduler] = []
-    yield made
-    for scheduler in made:
-        scheduler.close()
+schedulers = test_beat.schedulers  # the fixture of in-process schedulers, closed after the test
 
 
 # -- a leader, ticked by the test ---------------------------------------------------------------------------
