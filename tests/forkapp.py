@@ -58,7 +58,11 @@ parent_client = connect(ETCD_URL)  # at import: in the worker's parent, inherite
 
 
 @signals.worker_init.connect(weak=False)
-def _read_in_the_parent(**_: Any) -> None:
+def _read_in_the_parent(sender: Any = None, **_: Any) -> None:
+    # Celery's signals are global: a test run that imported this module starts workers of other apps
+    # (test_tasks' in-process ones), and a read of the default etcd here held each one's start for 30 s
+    if getattr(sender, "app", None) is not app:
+        return
     Mutex(parent_client, "forkapp-parent", ttl=LOCK_TTL).holders()  # a read: kept-alive sockets, no thread
 
 

@@ -431,7 +431,7 @@ def test_rwlock_task_readers_share_writer_excluded(etcd: Any) -> None:
 # -- through an embedded worker --------------------------------------------------------------------
 
 
-def test_threads_pool_concurrent_submissions_one_runs(celery_worker: Any) -> None:
+def test_threads_pool_concurrent_submissions_one_runs(etcd: Any, celery_worker: Any) -> None:
     tag = uuid.uuid4().hex
     handles = [gated.delay(tag) for _ in range(5)]
     # while the first run waits at the gate, the four others are skipped
@@ -694,7 +694,7 @@ def limited(self: Any, pool: str) -> int:
             inside["now"] -= 1
 
 
-def test_limited_task_runs_at_most_limit_at_once_and_all_of_them(celery_worker: Any) -> None:
+def test_limited_task_runs_at_most_limit_at_once_and_all_of_them(etcd: Any, celery_worker: Any) -> None:
     from tests.support import wait_until
 
     inside.update(now=0, most=0)
@@ -723,7 +723,7 @@ def rescheduled(self: Any, n: int) -> dict[str, Any]:
     return {"retries": self.request.retries, "rescheduled": (self.request.get("etcdlock_rescheduled") or {})}
 
 
-def test_reschedule_requeues_without_counting_a_retry(celery_worker: Any, etcd: Any) -> None:
+def test_reschedule_requeues_without_counting_a_retry(etcd: Any, celery_worker: Any) -> None:
     from tests.support import wait_until
 
     holder = Mutex(etcd, rescheduled.lock_name_for((1,)), ttl=5)
@@ -752,7 +752,7 @@ def give_up(n: int) -> str:
     return "ran"
 
 
-def test_reschedule_gives_up_after_reschedule_for(celery_worker: Any, etcd: Any) -> None:
+def test_reschedule_gives_up_after_reschedule_for(etcd: Any, celery_worker: Any) -> None:
     with Mutex(etcd, give_up.lock_name_for((1,)), ttl=5):
         handle = give_up.delay(1)
         with pytest.raises(TaskLocked, match="gave up after being rescheduled"):
