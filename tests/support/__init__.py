@@ -10,6 +10,7 @@
     redis_server.py  RedisServer, with a redis-py client
     cluster.py       EtcdCluster: three members, leader, kill/pause/restart, quorum loss
     partition.py     the iptables rules that cut one member off from the others
+    celery_processes.py  CeleryProcesses: real celery beat and worker processes of a test app, with logs
 
 Nothing here mocks anything: every server is a real process, killed for real. Only
 127.0.0.1 is used, never a fixed port, so parallel runs and a system etcd on 2379 do not
